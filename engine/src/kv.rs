@@ -23,6 +23,8 @@ pub mod pool;
 
 #[cfg(test)]
 mod pool_tests;
+#[cfg(test)]
+mod proptests;
 
 pub use events::{KvEvent, KvEventRecord, DEFAULT_EVENT_CAPACITY};
 pub use hash::{block_hashes, next_block_hash};
