@@ -1,1 +1,273 @@
-//! (being written)
+//! The handle async code uses: `submit` a request and read its stream of events, `cancel` it,
+//! read `stats`. Model compute runs on a thread of its own and talks to callers through channels.
+
+mod stop;
+mod worker;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+use crate::kv::memory::{KvCache, KvDtype, KvLayout};
+use crate::kv::{KvEventRecord, PoolStats};
+use crate::model::Model;
+use crate::sample::{SamplingParams, TokenLogprob};
+use crate::schedule::{SchedulerConfig, SchedulerCounters, SeqId};
+use crate::tokenizer::Tokenizer;
+
+pub use stop::StopMatcher;
+
+/// Engine settings.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// KV blocks in the pool.
+    pub num_blocks: usize,
+    /// KV element type.
+    pub kv_dtype: KvDtype,
+    /// Longest sequence (prompt + generated) accepted; defaults to the model's context length.
+    pub max_model_len: Option<usize>,
+    /// Batching limits.
+    pub scheduler: SchedulerConfig,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            num_blocks: 1024,
+            kv_dtype: KvDtype::F32,
+            max_model_len: None,
+            scheduler: SchedulerConfig::default(),
+        }
+    }
+}
+
+/// A generation request: prompt token ids and sampling rules.
+#[derive(Clone, Debug)]
+pub struct GenerateRequest {
+    /// Prompt token ids (already templated and tokenized).
+    pub prompt: Vec<u32>,
+    /// Sampling and stopping rules.
+    pub params: SamplingParams,
+}
+
+/// Why a sequence ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An end-of-generation token, a stop token id or a stop string.
+    Stop,
+    /// `max_tokens` or the context limit.
+    Length,
+    /// The caller cancelled it (or dropped its stream).
+    Cancelled,
+}
+
+/// Token counts of a finished request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Tokens in the prompt.
+    pub prompt_tokens: usize,
+    /// Tokens generated.
+    pub completion_tokens: usize,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: usize,
+}
+
+/// What a request's stream carries.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SeqEvent {
+    /// A generated token and the text that became final with it (possibly empty: text is held
+    /// back while it could still be the start of a stop string or of a UTF-8 character).
+    Token {
+        /// The token id.
+        id: u32,
+        /// New text.
+        text: String,
+        /// Log-probabilities, when requested.
+        logprob: Option<TokenLogprob>,
+    },
+    /// The end of the stream.
+    Done {
+        /// Why it ended.
+        reason: FinishReason,
+        /// Token counts.
+        usage: Usage,
+        /// Text still held back at the end (already cut at a stop string).
+        text: String,
+    },
+}
+
+/// Errors submitting a request.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The prompt is empty.
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    /// Prompt plus max_tokens exceeds what the engine can hold.
+    #[error("prompt of {prompt} tokens plus max_tokens {max_tokens} exceeds the limit of {limit} tokens")]
+    TooLong {
+        /// Prompt tokens.
+        prompt: usize,
+        /// Requested completion tokens.
+        max_tokens: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A sampling parameter is out of range.
+    #[error("invalid sampling parameters: {0}")]
+    BadParams(String),
+    /// A token id is outside the vocabulary.
+    #[error("token id {0} is outside the vocabulary")]
+    BadToken(u32),
+    /// The engine thread has stopped.
+    #[error("the engine has shut down")]
+    Stopped,
+}
+
+/// A snapshot of the engine's state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// KV block pool accounting.
+    pub pool: PoolStats,
+    /// Sequences in the running batch.
+    pub running: usize,
+    /// Sequences waiting.
+    pub waiting: usize,
+    /// Steps run.
+    pub steps: u64,
+    /// Scheduler counters (prefix hits, computed tokens, preemptions).
+    pub counters: SchedulerCounters,
+    /// Tokens generated.
+    pub generated_tokens: u64,
+    /// Requests finished (any reason).
+    pub finished: u64,
+}
+
+pub(crate) enum Command {
+    Submit {
+        id: SeqId,
+        req: GenerateRequest,
+        events: UnboundedSender<SeqEvent>,
+    },
+    Cancel(SeqId),
+    Shutdown,
+}
+
+pub(crate) struct Shared {
+    stats: Mutex<EngineStats>,
+    kv_events: Mutex<Vec<KvEventRecord>>,
+}
+
+/// The engine handle. Cheap to share behind an `Arc`; dropping it stops the compute thread.
+pub struct Engine {
+    tx: mpsc::Sender<Command>,
+    shared: Arc<Shared>,
+    next_id: AtomicU64,
+    thread: Option<JoinHandle<()>>,
+    limit: usize,
+    vocab: usize,
+}
+
+impl Engine {
+    /// Starts the compute thread with a heap-allocated KV pool.
+    pub fn start(model: Arc<Model>, tokenizer: Arc<Tokenizer>, config: EngineConfig) -> Self {
+        let layout = KvLayout {
+            n_layers: model.config.n_layers,
+            n_kv_heads: model.local_kv_heads(),
+            head_dim: model.config.head_dim,
+            block_size: config.scheduler.block_size,
+            dtype: config.kv_dtype,
+        };
+        let cache = KvCache::on_heap(layout, config.num_blocks);
+        Self::start_with_cache(model, tokenizer, config, cache)
+    }
+
+    /// Starts the compute thread over a caller-provided KV cache (e.g. transport memory).
+    pub fn start_with_cache(
+        model: Arc<Model>,
+        tokenizer: Arc<Tokenizer>,
+        config: EngineConfig,
+        cache: KvCache,
+    ) -> Self {
+        let ctx = config.max_model_len.unwrap_or(model.config.context_length);
+        let limit = ctx.min(cache.num_blocks() * config.scheduler.block_size);
+        let vocab = model.config.vocab;
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared {
+            stats: Mutex::new(EngineStats::default()),
+            kv_events: Mutex::new(Vec::new()),
+        });
+        let worker = worker::Worker::new(model, tokenizer, config, cache, shared.clone());
+        let thread = std::thread::Builder::new()
+            .name("cleave-engine".into())
+            .spawn(move || worker.run(rx))
+            .expect("spawning the engine thread");
+        Engine {
+            tx,
+            shared,
+            next_id: AtomicU64::new(1),
+            thread: Some(thread),
+            limit,
+            vocab,
+        }
+    }
+
+    /// Longest sequence (prompt + completion) this engine accepts.
+    pub fn max_sequence_len(&self) -> usize {
+        self.limit
+    }
+
+    /// Queues a request; its events arrive on the returned stream, ending with `Done`.
+    pub fn submit(
+        &self,
+        req: GenerateRequest,
+    ) -> Result<(SeqId, UnboundedReceiver<SeqEvent>), EngineError> {
+        if req.prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        req.params.validate().map_err(EngineError::BadParams)?;
+        if let Some(&bad) = req.prompt.iter().find(|&&t| t as usize >= self.vocab) {
+            return Err(EngineError::BadToken(bad));
+        }
+        if req.prompt.len() + req.params.max_tokens > self.limit {
+            return Err(EngineError::TooLong {
+                prompt: req.prompt.len(),
+                max_tokens: req.params.max_tokens,
+                limit: self.limit,
+            });
+        }
+        let id = SeqId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let (events, rx) = unbounded_channel();
+        self.tx
+            .send(Command::Submit { id, req, events })
+            .map_err(|_| EngineError::Stopped)?;
+        Ok((id, rx))
+    }
+
+    /// Cancels a request; its blocks are freed at the start of the next step.
+    pub fn cancel(&self, id: SeqId) {
+        let _ = self.tx.send(Command::Cancel(id));
+    }
+
+    /// Current statistics.
+    pub fn stats(&self) -> EngineStats {
+        *self.shared.stats.lock().expect("stats lock")
+    }
+
+    /// KV events (blocks stored in / removed from the prefix cache) since the last call.
+    pub fn take_kv_events(&self) -> Vec<KvEventRecord> {
+        std::mem::take(&mut *self.shared.kv_events.lock().expect("events lock"))
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Command::Shutdown);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

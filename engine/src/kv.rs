@@ -18,6 +18,7 @@
 //! [`hash`] for the exact definition.
 
 pub mod events;
+pub mod memory;
 pub mod hash;
 pub mod pool;
 

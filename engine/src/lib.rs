@@ -16,6 +16,7 @@ pub mod engine;
 pub mod gguf;
 pub mod kernels;
 pub mod kv;
+pub mod load;
 pub mod model;
 pub mod sample;
 pub mod schedule;

@@ -1,1 +1,103 @@
-//! (being written)
+//! The transformer forward pass over a batch of sequence chunks.
+//!
+//! One call runs any mix of prefill chunks and decode tokens: all tokens go through each linear
+//! layer together (so weights are read once per step), and each token attends over its own
+//! sequence's paged KV. The result for a token never depends on the rest of the batch.
+
+pub mod attention;
+pub mod config;
+pub mod forward;
+pub mod ops;
+pub mod score;
+pub mod weights;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::collective::{Collective, SingleRank};
+use crate::gguf::{GgufError, GgufFile};
+use crate::kernels::{KernelError, Threads};
+
+pub use config::{Arch, ModelConfig, RopeStyle};
+pub use forward::{Logits, SeqChunk, Workspace};
+pub use weights::{Shard, Weights};
+
+/// Errors loading or running a model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The GGUF file could not be read.
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    /// A weight could not be prepared for the kernels.
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    /// `general.architecture` names a model family this engine does not implement.
+    #[error("unsupported architecture {0:?} (supported: llama, mistral, qwen2, qwen3)")]
+    UnsupportedArch(String),
+    /// A weight is stored in a format the kernels cannot use.
+    #[error("tensor {name} has unsupported type {ty} (supported: f32, f16, q4_0, q4_1, q8_0)")]
+    UnsupportedTensorType {
+        /// The tensor.
+        name: String,
+        /// Its GGML type.
+        ty: String,
+    },
+    /// A weight has the wrong shape.
+    #[error("tensor {name}: {why}")]
+    BadTensor {
+        /// The tensor.
+        name: String,
+        /// What is wrong.
+        why: String,
+    },
+    /// The hyper-parameters are inconsistent.
+    #[error("bad model configuration: {0}")]
+    BadConfig(String),
+}
+
+/// A loaded model: configuration, this rank's weights and the group it computes with.
+pub struct Model {
+    /// Hyper-parameters.
+    pub config: ModelConfig,
+    weights: Weights,
+    collective: Arc<dyn Collective>,
+    threads: Threads,
+}
+
+impl Model {
+    /// Loads rank `collective.rank()` of `collective.world()` from a GGUF file.
+    pub fn load(
+        g: &GgufFile,
+        collective: Arc<dyn Collective>,
+        threads: Threads,
+    ) -> Result<Self, ModelError> {
+        let config = ModelConfig::from_gguf(g)?;
+        let shard = Shard {
+            rank: collective.rank(),
+            world: collective.world(),
+        };
+        let weights = Weights::load(g, &config, shard)?;
+        Ok(Model {
+            config,
+            weights,
+            collective,
+            threads,
+        })
+    }
+
+    /// Loads the whole model into this process from a GGUF path.
+    pub fn open(path: &Path, threads: Threads) -> Result<Self, ModelError> {
+        let g = GgufFile::open(path)?;
+        Self::load(&g, Arc::new(SingleRank), threads)
+    }
+
+    /// Query heads computed by this rank.
+    pub fn local_heads(&self) -> usize {
+        self.config.n_heads / self.collective.world()
+    }
+
+    /// Key/value heads held by this rank (the KV layout's head count).
+    pub fn local_kv_heads(&self) -> usize {
+        self.config.n_kv_heads / self.collective.world()
+    }
+}

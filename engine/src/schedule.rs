@@ -1,1 +1,421 @@
-//! (being written)
+//! Continuous batching: which sequences compute which tokens in the next step.
+//!
+//! Sequences wait in arrival order and run while they have KV blocks. Each step has a token
+//! budget: running decodes (one token each) are served first, then prefill chunks fill the rest,
+//! so a long prompt never stalls the running batch. When blocks run out, the most recently
+//! arrived running sequence is preempted (its blocks are freed, and it is recomputed later from
+//! its tokens — the prefix cache usually makes that cheap). Full blocks are hashed and committed
+//! to the pool's prefix cache as soon as their KV is written.
+
+use std::collections::VecDeque;
+
+use crate::kv::{next_block_hash, BlockHash, BlockId, BlockPool};
+use crate::sample::{Sampler, SamplingParams};
+
+/// Identifies a request inside one engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId(pub u64);
+
+/// Scheduling limits.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SchedulerConfig {
+    /// Token slots per KV block.
+    pub block_size: usize,
+    /// Most sequences in the running batch.
+    pub max_running: usize,
+    /// Most tokens computed in one step (decodes + prefill chunks).
+    pub step_tokens: usize,
+    /// Reuse cached prefix blocks.
+    pub prefix_caching: bool,
+    /// Model/adapter salt mixed into block hashes.
+    pub salt: u64,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            block_size: crate::kv::DEFAULT_BLOCK_SIZE,
+            max_running: 64,
+            step_tokens: 256,
+            prefix_caching: true,
+            salt: 0,
+        }
+    }
+}
+
+/// One request's state.
+pub struct Sequence {
+    /// Its id.
+    pub id: SeqId,
+    /// Prompt followed by generated tokens.
+    pub tokens: Vec<u32>,
+    /// Length of the prompt.
+    pub prompt_len: usize,
+    /// Leading tokens whose KV is in this sequence's blocks.
+    pub computed: usize,
+    /// Block table.
+    pub blocks: Vec<BlockId>,
+    /// Hashes of the leading full blocks that are committed to (or were found in) the cache.
+    pub hashes: Vec<BlockHash>,
+    /// Prompt tokens found in the prefix cache at first admission.
+    pub cached_tokens: usize,
+    /// Sampling and stopping rules.
+    pub params: SamplingParams,
+    /// RNG state.
+    pub sampler: Sampler,
+    /// Admission order (lower = older = higher priority).
+    pub arrival: u64,
+    /// Whether it has been admitted before (for `cached_tokens`).
+    admitted_once: bool,
+}
+
+impl Sequence {
+    /// A new sequence for `prompt`.
+    pub fn new(id: SeqId, prompt: Vec<u32>, params: SamplingParams, arrival: u64) -> Self {
+        let seed = params.seed.unwrap_or(id.0 ^ 0x5EED);
+        Sequence {
+            id,
+            prompt_len: prompt.len(),
+            tokens: prompt,
+            computed: 0,
+            blocks: Vec::new(),
+            hashes: Vec::new(),
+            cached_tokens: 0,
+            sampler: Sampler::new(seed),
+            params,
+            arrival,
+            admitted_once: false,
+        }
+    }
+
+    /// Tokens generated so far.
+    pub fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+}
+
+/// What one sequence computes in a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Planned {
+    /// Index into [`Scheduler::running`].
+    pub index: usize,
+    /// First position computed.
+    pub start: usize,
+    /// Number of tokens.
+    pub len: usize,
+    /// Whether the chunk reaches the last known token (so the next token is sampled).
+    pub sample: bool,
+}
+
+/// Counters the engine exports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SchedulerCounters {
+    /// Prompt tokens whose KV came from the prefix cache (compute skipped).
+    pub prefix_hit_tokens: u64,
+    /// Tokens run through the model.
+    pub computed_tokens: u64,
+    /// Sequences preempted for lack of blocks.
+    pub preemptions: u64,
+}
+
+/// Waiting and running queues over one block pool.
+pub struct Scheduler {
+    /// Limits.
+    pub config: SchedulerConfig,
+    /// The KV block pool.
+    pub pool: BlockPool,
+    /// Sequences waiting for admission, oldest first.
+    pub waiting: VecDeque<Sequence>,
+    /// The running batch, oldest first.
+    pub running: Vec<Sequence>,
+    /// Counters.
+    pub counters: SchedulerCounters,
+}
+
+impl Scheduler {
+    /// A scheduler over `num_blocks` KV blocks.
+    pub fn new(config: SchedulerConfig, num_blocks: usize) -> Self {
+        Scheduler {
+            config,
+            pool: BlockPool::new(num_blocks),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            counters: SchedulerCounters::default(),
+        }
+    }
+
+    /// Blocks needed to hold `tokens` tokens.
+    pub fn blocks_for(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.config.block_size)
+    }
+
+    /// Queues a sequence.
+    pub fn add(&mut self, seq: Sequence) {
+        self.waiting.push_back(seq);
+    }
+
+    /// Whether nothing is queued or running.
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    /// Removes a sequence wherever it is and frees its blocks at once.
+    pub fn remove(&mut self, id: SeqId) -> Option<Sequence> {
+        if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
+            let mut s = self.waiting.remove(i)?;
+            self.free_blocks(&mut s);
+            return Some(s);
+        }
+        let i = self.running.iter().position(|s| s.id == id)?;
+        let mut s = self.running.remove(i);
+        self.free_blocks(&mut s);
+        Some(s)
+    }
+
+    /// Takes a finished running sequence out, freeing its blocks (committed ones stay cached).
+    pub fn finish(&mut self, index: usize) -> Sequence {
+        let mut s = self.running.remove(index);
+        self.free_blocks(&mut s);
+        s
+    }
+
+    fn free_blocks(&mut self, s: &mut Sequence) {
+        for b in s.blocks.drain(..) {
+            self.pool.release(b);
+        }
+        s.hashes.clear();
+        s.computed = 0;
+    }
+
+    /// Gives `running[index]` blocks for `upto` tokens; false when the pool ran dry (the blocks
+    /// it did get stay with it).
+    fn grow(&mut self, index: usize, upto: usize) -> bool {
+        let need = self.blocks_for(upto);
+        while self.running[index].blocks.len() < need {
+            match self.pool.allocate() {
+                Some(b) => self.running[index].blocks.push(b),
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// Preempts the newest running sequence if it is newer than `running[protect]`; returns its
+    /// old index, or `None` when there is no such sequence.
+    fn preempt_newest(&mut self, protect: usize) -> Option<usize> {
+        let victim = (0..self.running.len())
+            .filter(|&i| i != protect)
+            .max_by_key(|&i| self.running[i].arrival)?;
+        if self.running[victim].arrival < self.running[protect].arrival {
+            return None;
+        }
+        let mut s = self.running.remove(victim);
+        self.free_blocks(&mut s);
+        self.counters.preemptions += 1;
+        // Back to the front of the queue: it is older than anything still waiting.
+        self.waiting.push_front(s);
+        Some(victim)
+    }
+
+    /// Plans the next step.
+    pub fn schedule(&mut self) -> Vec<Planned> {
+        let mut budget = self.config.step_tokens;
+        let mut plan: Vec<Planned> = Vec::new();
+        // Running sequences, oldest first; a sequence that cannot get a block preempts newer ones.
+        self.running.sort_by_key(|s| s.arrival);
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let (computed, total) = (self.running[i].computed, self.running[i].tokens.len());
+            let len = (total - computed).min(budget);
+            let mut got = self.grow(i, computed + len);
+            while !got {
+                match self.preempt_newest(i) {
+                    Some(_) => got = self.grow(i, computed + len),
+                    None => break,
+                }
+            }
+            let have = self.running[i].blocks.len() * self.config.block_size - computed;
+            let len = len.min(have);
+            if len == 0 {
+                // Not even one slot: this sequence itself goes back to waiting.
+                let mut s = self.running.remove(i);
+                self.free_blocks(&mut s);
+                self.counters.preemptions += 1;
+                self.waiting.push_front(s);
+                continue;
+            }
+            plan.push(Planned {
+                index: i,
+                start: computed,
+                len,
+                sample: computed + len == total,
+            });
+            budget -= len;
+            i += 1;
+        }
+        // (Victims are always newer than the sequence that needed blocks, so they sit later in
+        // `running` and the indices already planned stay valid.)
+        while budget > 0 && self.running.len() < self.config.max_running {
+            let Some(mut s) = self.waiting.pop_front() else { break };
+            self.admit_prefix(&mut s);
+            let (computed, total) = (s.computed, s.tokens.len());
+            let len = (total - computed).min(budget);
+            self.running.push(s);
+            let idx = self.running.len() - 1;
+            let ok = self.grow(idx, computed + len);
+            let have = self.running[idx].blocks.len() * self.config.block_size - computed;
+            let len = len.min(have);
+            if !ok && len == 0 {
+                let mut s = self.running.pop().expect("just pushed");
+                self.free_blocks(&mut s);
+                self.waiting.push_front(s);
+                break;
+            }
+            self.counters.prefix_hit_tokens += computed as u64;
+            plan.push(Planned {
+                index: idx,
+                start: computed,
+                len,
+                sample: computed + len == total,
+            });
+            budget -= len;
+            if !ok {
+                break;
+            }
+        }
+        plan
+    }
+
+    /// Reuses the longest cached prefix of `s`'s tokens, leaving at least one token to compute.
+    fn admit_prefix(&mut self, s: &mut Sequence) {
+        if !self.config.prefix_caching || !s.blocks.is_empty() {
+            return;
+        }
+        let bs = self.config.block_size;
+        let full = (s.tokens.len() - 1) / bs;
+        let mut hashes = Vec::with_capacity(full);
+        let mut parent = None;
+        for b in 0..full {
+            let h = next_block_hash(parent, &s.tokens[b * bs..(b + 1) * bs], self.config.salt);
+            hashes.push(h);
+            parent = Some(h);
+        }
+        let matched = self.pool.match_prefix(&hashes);
+        s.computed = matched.len() * bs;
+        s.hashes = hashes[..matched.len()].to_vec();
+        s.blocks = matched;
+        if !s.admitted_once {
+            s.cached_tokens = s.computed.min(s.prompt_len);
+            s.admitted_once = true;
+        }
+    }
+
+    /// Records that the planned chunks were computed: advances `computed` and commits every
+    /// block that became full to the prefix cache.
+    pub fn computed(&mut self, plan: &[Planned]) {
+        let bs = self.config.block_size;
+        for p in plan {
+            self.counters.computed_tokens += p.len as u64;
+            let s = &mut self.running[p.index];
+            s.computed = p.start + p.len;
+            while (s.hashes.len() + 1) * bs <= s.computed {
+                let b = s.hashes.len();
+                let parent = s.hashes.last().copied();
+                let h = next_block_hash(parent, &s.tokens[b * bs..(b + 1) * bs], self.config.salt);
+                if self.config.prefix_caching {
+                    self.pool.commit(s.blocks[b], h, parent);
+                }
+                s.hashes.push(h);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seq(id: u64, len: usize, arrival: u64) -> Sequence {
+        let prompt = (0..len as u32).map(|t| t + 1000 * id as u32).collect();
+        Sequence::new(SeqId(id), prompt, SamplingParams::default(), arrival)
+    }
+
+    /// Pretends every sampled step appended one token.
+    fn run_step(s: &mut Scheduler) -> Vec<Planned> {
+        let plan = s.schedule();
+        s.computed(&plan);
+        for p in &plan {
+            if p.sample {
+                s.running[p.index].tokens.push(7);
+            }
+        }
+        plan
+    }
+
+    #[test]
+    fn chunked_prefill_respects_the_token_budget_and_serves_decodes_first() {
+        let cfg = SchedulerConfig { step_tokens: 32, ..Default::default() };
+        let mut s = Scheduler::new(cfg, 64);
+        s.add(seq(1, 10, 0));
+        let p = run_step(&mut s);
+        assert_eq!(p, vec![Planned { index: 0, start: 0, len: 10, sample: true }]);
+        s.add(seq(2, 100, 1));
+        let p = run_step(&mut s);
+        // The decode of seq 1 (1 token) first, then 31 tokens of seq 2's prompt.
+        assert_eq!(p[0].len, 1);
+        assert_eq!((p[1].start, p[1].len, p[1].sample), (0, 31, false));
+        let p = run_step(&mut s);
+        assert_eq!((p[1].start, p[1].len), (31, 31));
+        s.pool.check_invariants();
+    }
+
+    #[test]
+    fn preemption_frees_blocks_and_requeues_the_newest() {
+        let cfg = SchedulerConfig { step_tokens: 256, prefix_caching: false, ..Default::default() };
+        // 4 blocks = 64 slots; two sequences of 30 tokens each take 2 blocks.
+        let mut s = Scheduler::new(cfg, 4);
+        s.add(seq(1, 30, 0));
+        s.add(seq(2, 30, 1));
+        run_step(&mut s);
+        assert_eq!(s.running.len(), 2);
+        // Both now have 31 tokens; at 33 they need a third block each.
+        run_step(&mut s);
+        run_step(&mut s);
+        assert_eq!(s.counters.preemptions, 1);
+        assert_eq!(s.running.len(), 1);
+        assert_eq!(s.running[0].id, SeqId(1));
+        assert_eq!(s.waiting.front().map(|w| w.id), Some(SeqId(2)));
+        // Finish seq 1: seq 2 is readmitted and recomputes its prompt plus generated tokens.
+        let done = s.finish(0);
+        assert_eq!(done.id, SeqId(1));
+        let p = run_step(&mut s);
+        assert_eq!(p[0].start, 0);
+        assert_eq!(p[0].len, 32);
+        s.remove(SeqId(2));
+        assert_eq!(s.pool.available(), 4);
+        s.pool.check_invariants();
+    }
+
+    #[test]
+    fn prefix_blocks_are_reused_and_counted() {
+        let mut s = Scheduler::new(SchedulerConfig::default(), 32);
+        s.add(seq(1, 40, 0));
+        run_step(&mut s);
+        let first = s.finish(0);
+        assert_eq!(first.cached_tokens, 0);
+        // Same 40-token prompt: two full blocks (32 tokens) come from the cache.
+        s.add(seq(1, 40, 1));
+        let p = run_step(&mut s);
+        assert_eq!((p[0].start, p[0].len), (32, 8));
+        assert_eq!(s.running[0].cached_tokens, 32);
+        assert_eq!(s.counters.prefix_hit_tokens, 32);
+        s.finish(0);
+        // A prompt of exactly 32 cached tokens still computes its last block's tokens.
+        s.add(seq(1, 32, 2));
+        let p = run_step(&mut s);
+        assert_eq!((p[0].start, p[0].len), (16, 16));
+        s.finish(0);
+        assert_eq!(s.pool.available(), 32);
+        s.pool.check_invariants();
+    }
+}

@@ -1,0 +1,239 @@
+//! `cleave bench engine`: prefill and decode throughput of the engine at several batch sizes,
+//! peak RSS, and — when `llama-cpp-python` is installed — llama.cpp on the same file, prompt and
+//! thread count, measured in the same run so the ratios mean something on a noisy machine.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use cleave_engine::engine::{Engine, EngineConfig, GenerateRequest, SeqEvent};
+use cleave_engine::load::Loaded;
+use cleave_engine::sample::SamplingParams;
+use cleave_engine::schedule::SchedulerConfig;
+use serde::Serialize;
+
+use crate::ModelArgs;
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt length for the prefill measurement.
+    #[arg(long, default_value_t = 128)]
+    pub prompt_tokens: usize,
+    /// Tokens generated per sequence in the decode measurements.
+    #[arg(long, default_value_t = 64)]
+    pub gen_tokens: usize,
+    /// Decode batch sizes.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
+    pub batches: Vec<usize>,
+    /// Repetitions of each measurement (the best is reported).
+    #[arg(long, default_value_t = 2)]
+    pub repeat: usize,
+    /// Skip llama.cpp even if llama-cpp-python is installed.
+    #[arg(long)]
+    pub no_llama_cpp: bool,
+    /// Print the results as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    model: String,
+    threads: usize,
+    simd: &'static str,
+    prompt_tokens: usize,
+    gen_tokens: usize,
+    prefill_tok_s: f64,
+    decode_tok_s: Vec<(usize, f64)>,
+    peak_rss_mib: f64,
+    llama_cpp: Option<LlamaCpp>,
+}
+
+#[derive(Debug, Serialize, serde::Deserialize)]
+struct LlamaCpp {
+    prefill_tok_s: f64,
+    decode_tok_s: f64,
+}
+
+const TEXT: &str = "The quick brown fox jumps over the lazy dog while the committee debates the \
+    budget for next year's infrastructure, weighing the cost of new servers against the \
+    expected growth in traffic and the price of electricity in each region. ";
+
+fn prompt(loaded: &Loaded, tag: usize, len: usize) -> Vec<u32> {
+    let mut ids = loaded.tokenizer.encode(&format!("Request {tag}: "), false);
+    let body = loaded.tokenizer.encode(&TEXT.repeat(len / 20 + 2), false);
+    ids.extend(body);
+    ids.truncate(len);
+    ids
+}
+
+fn engine(loaded: &Loaded) -> Engine {
+    let config = EngineConfig {
+        scheduler: SchedulerConfig {
+            prefix_caching: false,
+            step_tokens: 512,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Engine::start(loaded.model.clone(), loaded.tokenizer.clone(), config)
+}
+
+/// Runs `prompts` together; returns (time to the last first token, time of the rest, tokens
+/// generated after every sequence had its first token).
+fn run_batch(engine: &Engine, prompts: Vec<Vec<u32>>, gen: usize) -> anyhow::Result<(Duration, Duration, usize)> {
+    let params = SamplingParams { max_tokens: gen, ignore_eos: true, ..Default::default() };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build()?;
+    let t0 = Instant::now();
+    let mut rxs = Vec::new();
+    for p in prompts {
+        rxs.push(engine.submit(GenerateRequest { prompt: p, params: params.clone() })?.1);
+    }
+    rt.block_on(async {
+        let mut counts = vec![0usize; rxs.len()];
+        // First tokens.
+        for (i, rx) in rxs.iter_mut().enumerate() {
+            match rx.recv().await {
+                Some(SeqEvent::Token { .. }) => counts[i] += 1,
+                other => anyhow::bail!("unexpected event {other:?}"),
+            }
+        }
+        let t1 = Instant::now();
+        let mut after = 0;
+        for rx in rxs.iter_mut() {
+            while let Some(ev) = rx.recv().await {
+                match ev {
+                    SeqEvent::Token { .. } => after += 1,
+                    SeqEvent::Done { .. } => break,
+                }
+            }
+        }
+        Ok((t1 - t0, t1.elapsed(), after))
+    })
+}
+
+fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(f64::NAN)
+}
+
+const LLAMA_CPP_SCRIPT: &str = r#"
+import json, sys, time
+from llama_cpp import Llama
+path, threads, gen = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+prompt = json.loads(sys.stdin.read())
+llm = Llama(model_path=path, n_ctx=2048, n_threads=threads, n_threads_batch=threads, n_batch=512, verbose=False)
+best_p, best_d = 0.0, 0.0
+for _ in range(int(sys.argv[4])):
+    llm.reset()
+    t = time.perf_counter(); llm.eval(prompt); best_p = max(best_p, len(prompt) / (time.perf_counter() - t))
+    llm.reset(); llm.eval(prompt[:16])
+    t = time.perf_counter()
+    for _ in range(gen):
+        tok = int(llm.scores[llm.n_tokens - 1].argmax()); llm.eval([tok])
+    best_d = max(best_d, gen / (time.perf_counter() - t))
+print(json.dumps({"prefill_tok_s": best_p, "decode_tok_s": best_d}))
+"#;
+
+fn llama_cpp(path: &str, threads: usize, prompt: &[u32], gen: usize, repeat: usize) -> Option<LlamaCpp> {
+    let ok = Command::new("python3").args(["-c", "import llama_cpp"]).output().ok()?.status.success();
+    if !ok {
+        eprintln!("llama-cpp-python is not installed: skipping llama.cpp (pip install llama-cpp-python)");
+        return None;
+    }
+    let mut child = Command::new("python3")
+        .args(["-c", LLAMA_CPP_SCRIPT, path, &threads.to_string(), &gen.to_string(), &repeat.to_string()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .ok()?;
+    use std::io::Write;
+    child.stdin.take()?.write_all(serde_json::to_string(prompt).ok()?.as_bytes()).ok()?;
+    let out = child.wait_with_output().ok()?;
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+pub fn bench_engine(args: BenchArgs) -> anyhow::Result<()> {
+    let path = match &args.model.model {
+        Some(p) => p.clone(),
+        None => crate::fetch::fetch_default_model(false)?,
+    };
+    let margs = ModelArgs { model: Some(path.clone()), threads: args.model.threads };
+    let loaded = crate::load::load(&margs)?;
+    let engine = engine(&loaded);
+    let p = prompt(&loaded, 0, args.prompt_tokens);
+    let repeat = args.repeat.max(1);
+    // Warm-up (page in the weights, size the buffers).
+    run_batch(&engine, vec![p.clone()], 2)?;
+    let mut prefill = 0.0f64;
+    for _ in 0..repeat {
+        let (ttft, _, _) = run_batch(&engine, vec![p.clone()], 1)?;
+        prefill = prefill.max(p.len() as f64 / ttft.as_secs_f64());
+    }
+    let mut decode = Vec::new();
+    for &b in &args.batches {
+        let mut best = 0.0f64;
+        for r in 0..repeat {
+            let prompts = (0..b).map(|i| prompt(&loaded, 1000 * r + i + 1, 16)).collect();
+            let (_, t, n) = run_batch(&engine, prompts, args.gen_tokens)?;
+            best = best.max(n as f64 / t.as_secs_f64());
+        }
+        decode.push((b, best));
+    }
+    let stats = engine.stats();
+    anyhow::ensure!(stats.pool.used == 0, "KV blocks leaked: {:?}", stats.pool);
+    let llama = if args.no_llama_cpp {
+        None
+    } else {
+        llama_cpp(path.to_str().context("model path is not UTF-8")?, args.model.threads, &p, args.gen_tokens, repeat)
+    };
+    let report = Report {
+        model: path.display().to_string(),
+        threads: args.model.threads,
+        simd: cleave_engine::kernels::simd_path(),
+        prompt_tokens: p.len(),
+        gen_tokens: args.gen_tokens,
+        prefill_tok_s: prefill,
+        decode_tok_s: decode,
+        peak_rss_mib: peak_rss_mib(),
+        llama_cpp: llama,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    print_table(&report);
+    Ok(())
+}
+
+fn print_table(r: &Report) {
+    println!("model {}  threads {}  simd {}", r.model, r.threads, r.simd);
+    println!("prompt {} tokens, {} generated tokens per sequence, greedy", r.prompt_tokens, r.gen_tokens);
+    println!("{:<28}{:>12}{:>12}{:>10}", "measure", "cleave", "llama.cpp", "ratio");
+    let lc = r.llama_cpp.as_ref();
+    let row = |name: &str, ours: f64, theirs: Option<f64>| match theirs {
+        Some(t) => println!("{name:<28}{ours:>12.1}{t:>12.1}{:>9.2}x", ours / t),
+        None => println!("{name:<28}{ours:>12.1}{:>12}{:>10}", "-", "-"),
+    };
+    row("prefill tok/s", r.prefill_tok_s, lc.map(|l| l.prefill_tok_s));
+    let b1 = r.decode_tok_s.iter().find(|d| d.0 == 1).map(|d| d.1);
+    for &(b, t) in &r.decode_tok_s {
+        row(&format!("decode tok/s, batch {b}"), t, if b == 1 { lc.map(|l| l.decode_tok_s) } else { None });
+    }
+    if let Some(b1) = b1 {
+        for &(b, t) in r.decode_tok_s.iter().filter(|d| d.0 > 1) {
+            println!("{:<28}{:>11.2}x", format!("batch {b} / batch 1 (ours)"), t / b1);
+        }
+    }
+    println!("peak RSS {:.0} MiB", r.peak_rss_mib);
+}

@@ -1,0 +1,93 @@
+//! The `cleave` command line: fetch the default model, generate text, score a file, benchmark
+//! the engine. `main.rs` only parses arguments and calls [`run`].
+
+pub mod bench;
+pub mod fetch;
+pub mod generate;
+pub mod load;
+pub mod score;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// cleave: disaggregated LLM serving. These commands run the engine locally.
+#[derive(Debug, Parser)]
+#[command(name = "cleave", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Manage the default model.
+    Model {
+        #[command(subcommand)]
+        command: ModelCommand,
+    },
+    /// Generate text from a prompt, streaming it to stdout.
+    Generate(generate::GenerateArgs),
+    /// Chat with the model on the terminal (one line per turn, empty line or EOF to quit).
+    Chat(generate::ChatArgs),
+    /// Teacher-forced scoring of a text file: token ids, perplexity, next-token argmax.
+    Score(score::ScoreArgs),
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ModelCommand {
+    /// Download the default model (SmolLM2-135M-Instruct Q4_1) into the cache and print its path.
+    Fetch {
+        /// Download again even if a verified copy is cached.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Print where the default model is (or would be) cached.
+    Path,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Prefill and decode throughput of the engine (batch 1, 4, 16), peak RSS, and llama.cpp's
+    /// numbers on the same file when llama-cpp-python is installed.
+    Engine(bench::BenchArgs),
+}
+
+/// Options shared by every command that loads a model.
+#[derive(Debug, Clone, Args)]
+pub struct ModelArgs {
+    /// A GGUF file; default: the cached default model (fetched on first use).
+    #[arg(long, env = "CLEAVE_MODEL")]
+    pub model: Option<PathBuf>,
+    /// Compute threads (1 suits 2-vCPU machines).
+    #[arg(long, default_value_t = 1, env = "CLEAVE_THREADS")]
+    pub threads: usize,
+}
+
+/// Runs one command.
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Model { command } => match command {
+            ModelCommand::Fetch { force } => {
+                let path = fetch::fetch_default_model(force)?;
+                println!("{}", path.display());
+                Ok(())
+            }
+            ModelCommand::Path => {
+                println!("{}", cleave_engine::gguf::default_model_path().display());
+                Ok(())
+            }
+        },
+        Command::Generate(args) => generate::generate(args),
+        Command::Chat(args) => generate::chat(args),
+        Command::Score(args) => score::score(args),
+        Command::Bench { command } => match command {
+            BenchCommand::Engine(args) => bench::bench_engine(args),
+        },
+    }
+}

@@ -1,0 +1,64 @@
+//! Everything one GGUF file provides, loaded together: the model, its tokenizer and its chat
+//! template.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::chat::ChatTemplate;
+use crate::collective::SingleRank;
+use crate::gguf::GgufFile;
+use crate::kernels::Threads;
+use crate::model::{Model, ModelError};
+use crate::tokenizer::{Tokenizer, TokenizerError};
+
+/// Errors loading a model bundle.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The model could not be loaded.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// The tokenizer could not be built.
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+}
+
+/// A model with its tokenizer and (if the file has one) chat template.
+pub struct Loaded {
+    /// The model.
+    pub model: Arc<Model>,
+    /// The tokenizer.
+    pub tokenizer: Arc<Tokenizer>,
+    /// The chat template, when the file carries one that compiles.
+    pub template: Option<Arc<ChatTemplate>>,
+}
+
+impl Loaded {
+    /// Loads the whole model into this process.
+    pub fn open(path: &Path, threads: Threads) -> Result<Self, LoadError> {
+        let g = GgufFile::open(path).map_err(ModelError::from)?;
+        let model = Model::load(&g, Arc::new(SingleRank), threads)?;
+        let tokenizer = Tokenizer::from_gguf(&g)?;
+        let template = match ChatTemplate::from_gguf(&g, &tokenizer) {
+            Ok(t) => Some(Arc::new(t)),
+            Err(e) => {
+                tracing::warn!("no usable chat template: {e}");
+                None
+            }
+        };
+        Ok(Loaded {
+            model: Arc::new(model),
+            tokenizer: Arc::new(tokenizer),
+            template,
+        })
+    }
+
+    /// Tokenizes a prompt as plain text, adding BOS when the model asks for it.
+    pub fn encode_text(&self, text: &str) -> Vec<u32> {
+        let mut ids = Vec::new();
+        if self.tokenizer.add_bos() {
+            ids.extend(self.tokenizer.bos());
+        }
+        ids.extend(self.tokenizer.encode(text, false));
+        ids
+    }
+}

@@ -1,0 +1,141 @@
+//! The model's hyper-parameters, read from GGUF metadata (`{arch}.*` keys).
+
+use crate::gguf::GgufFile;
+
+use super::ModelError;
+
+/// How rotary embeddings pair the dimensions of a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs `(x[2i], x[2i+1])`: llama-family GGUFs (their Q/K rows are permuted at
+    /// conversion so this matches the Hugging Face model).
+    Normal,
+    /// Pairs `(x[i], x[i + d/2])`: qwen2/qwen3 GGUFs.
+    Neox,
+}
+
+/// Architectures whose tensor names and metadata this engine understands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// Llama 1/2/3, SmolLM, TinyLlama and other `llama` GGUFs.
+    Llama,
+    /// Mistral 7B-style GGUFs (same tensors as llama).
+    Mistral,
+    /// Qwen2 / Qwen2.5: biases on Q, K and V.
+    Qwen2,
+    /// Qwen3 (dense): RMSNorm on each Q and K head, no biases.
+    Qwen3,
+}
+
+impl Arch {
+    /// Parses `general.architecture`.
+    pub fn parse(name: &str) -> Result<Self, ModelError> {
+        match name {
+            "llama" => Ok(Arch::Llama),
+            "mistral" => Ok(Arch::Mistral),
+            "qwen2" => Ok(Arch::Qwen2),
+            "qwen3" => Ok(Arch::Qwen3),
+            other => Err(ModelError::UnsupportedArch(other.to_string())),
+        }
+    }
+
+    /// The rotary pairing this architecture's GGUFs use.
+    pub fn rope_style(self) -> RopeStyle {
+        match self {
+            Arch::Llama | Arch::Mistral => RopeStyle::Normal,
+            Arch::Qwen2 | Arch::Qwen3 => RopeStyle::Neox,
+        }
+    }
+}
+
+/// Hyper-parameters of a decoder-only transformer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    /// The architecture.
+    pub arch: Arch,
+    /// Number of transformer blocks.
+    pub n_layers: usize,
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads (grouped-query attention when fewer than `n_heads`).
+    pub n_kv_heads: usize,
+    /// Width of the residual stream.
+    pub hidden: usize,
+    /// Width of the feed-forward layer.
+    pub ffn: usize,
+    /// Dimension of one head.
+    pub head_dim: usize,
+    /// Rotary base frequency.
+    pub rope_theta: f32,
+    /// How many dimensions of each head are rotated.
+    pub rope_dim: usize,
+    /// RMSNorm epsilon.
+    pub rms_eps: f32,
+    /// Vocabulary size (rows of the embedding).
+    pub vocab: usize,
+    /// Longest context the model was trained for.
+    pub context_length: usize,
+}
+
+impl ModelConfig {
+    /// Reads the configuration from a GGUF file's metadata.
+    pub fn from_gguf(g: &GgufFile) -> Result<Self, ModelError> {
+        let arch_name = g.architecture()?.to_string();
+        let arch = Arch::parse(&arch_name)?;
+        let key = |k: &str| format!("{arch_name}.{k}");
+        let u = |k: &str| -> Result<usize, ModelError> { Ok(g.get_u32(&key(k))? as usize) };
+        let n_heads = u("attention.head_count")?;
+        let hidden = u("embedding_length")?;
+        let n_kv_heads = u("attention.head_count_kv").unwrap_or(n_heads);
+        let head_dim = match g.get_u32(&key("attention.key_length")) {
+            Ok(v) => v as usize,
+            Err(_) => hidden / n_heads.max(1),
+        };
+        let vocab = match g.get_u32(&key("vocab_size")) {
+            Ok(v) => v as usize,
+            Err(_) => g.get_str_array("tokenizer.ggml.tokens")?.len(),
+        };
+        let cfg = ModelConfig {
+            arch,
+            n_layers: u("block_count")?,
+            n_heads,
+            n_kv_heads,
+            hidden,
+            ffn: u("feed_forward_length")?,
+            head_dim,
+            rope_theta: g.get_f32(&key("rope.freq_base")).unwrap_or(10_000.0),
+            rope_dim: u("rope.dimension_count").unwrap_or(head_dim),
+            rms_eps: g.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
+            vocab,
+            context_length: u("context_length").unwrap_or(2048),
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks the cross-field rules the forward pass relies on.
+    pub fn validate(&self) -> Result<(), ModelError> {
+        let bad = |why: String| Err(ModelError::BadConfig(why));
+        if self.n_heads == 0 || self.n_kv_heads == 0 || self.n_layers == 0 {
+            return bad("head and layer counts must be positive".into());
+        }
+        if self.n_heads % self.n_kv_heads != 0 {
+            return bad(format!(
+                "head_count {} is not a multiple of head_count_kv {}",
+                self.n_heads, self.n_kv_heads
+            ));
+        }
+        if self.rope_dim > self.head_dim || self.rope_dim % 2 != 0 {
+            return bad(format!(
+                "rope dimension {} does not fit head dimension {}",
+                self.rope_dim, self.head_dim
+            ));
+        }
+        Ok(())
+    }
+
+    /// Query heads that share one key/value head.
+    pub fn group_size(&self) -> usize {
+        self.n_heads / self.n_kv_heads
+    }
+}

@@ -1,0 +1,198 @@
+//! The layer loop.
+
+use crate::kernels::{Activations, QMatrix};
+use crate::kv::memory::KvCache;
+use crate::kv::BlockId;
+
+use super::attention::{attend, write_kv, AttnScratch, TokenSlot};
+use super::ops::{add_bias, add_inplace, rms_norm, rms_norm_inplace, swiglu, Rope};
+use super::Model;
+
+/// Which logits a chunk wants back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// None (a prefill chunk that does not reach the end of the known tokens).
+    None,
+    /// The last token's (to sample the next token).
+    Last,
+    /// Every token's (teacher-forced scoring).
+    All,
+}
+
+/// A run of consecutive tokens of one sequence to compute in this step.
+#[derive(Clone, Copy, Debug)]
+pub struct SeqChunk<'a> {
+    /// The tokens.
+    pub tokens: &'a [u32],
+    /// Position of `tokens[0]` in the sequence (tokens before it are already in the KV cache).
+    pub start_pos: usize,
+    /// The sequence's block table, covering at least `start_pos + tokens.len()` positions.
+    pub blocks: &'a [BlockId],
+    /// Which logits to return.
+    pub logits: Logits,
+}
+
+/// Buffers reused across steps so the per-token loop does not allocate after warm-up.
+#[derive(Default)]
+pub struct Workspace {
+    x: Vec<f32>,
+    h: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    att: Vec<f32>,
+    o: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    acts: Activations,
+    attn: AttnScratch,
+    rope: Option<Rope>,
+    row: Vec<f32>,
+    local_logits: Vec<f32>,
+    gathered: Vec<f32>,
+    /// Logits of the requested tokens, `vocab` per row, in chunk order.
+    pub logits: Vec<f32>,
+}
+
+impl Workspace {
+    /// An empty workspace.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+fn matmul(m: &QMatrix, acts: &mut Activations, x: &[f32], n: usize, out: &mut Vec<f32>, th: &crate::kernels::Threads) {
+    acts.set(x, n, m.cols());
+    out.resize(n * m.rows(), 0.0);
+    m.matmul(acts, out, th);
+}
+
+impl Model {
+    /// Runs one step over `chunks`, writing their keys/values into `cache`; returns the number
+    /// of logit rows written to `ws.logits` (one per requested token, in order).
+    pub fn forward(&self, chunks: &[SeqChunk], cache: &mut KvCache, ws: &mut Workspace) -> usize {
+        let cfg = &self.config;
+        let (hidden, hd) = (cfg.hidden, cfg.head_dim);
+        let (nh, nkv) = (self.local_heads(), self.local_kv_heads());
+        let th = &self.threads;
+        let mut slots: Vec<TokenSlot> = Vec::new();
+        let mut positions = Vec::new();
+        let mut tokens = Vec::new();
+        for c in chunks {
+            for (i, &t) in c.tokens.iter().enumerate() {
+                let pos = c.start_pos + i;
+                slots.push(TokenSlot { pos, blocks: c.blocks });
+                positions.push(pos);
+                tokens.push(t);
+            }
+        }
+        let n = tokens.len();
+        if n == 0 {
+            return 0;
+        }
+        let ws_rope = ws.rope.get_or_insert_with(|| {
+            Rope::new(cfg.rope_theta, cfg.rope_dim, hd, cfg.arch.rope_style())
+        });
+        ws_rope.prepare(&positions);
+
+        ws.x.resize(n * hidden, 0.0);
+        for (t, &tok) in tokens.iter().enumerate() {
+            let row = (tok as usize).min(cfg.vocab - 1);
+            self.weights.tok_embd.dequantize_row(row, &mut ws.x[t * hidden..(t + 1) * hidden]);
+        }
+        ws.h.resize(n * hidden, 0.0);
+
+        for (l, layer) in self.weights.layers.iter().enumerate() {
+            rms_norm(&ws.x, &layer.attn_norm, cfg.rms_eps, &mut ws.h);
+            ws.acts.set(&ws.h, n, hidden);
+            for (m, b, out) in [
+                (&layer.wq, &layer.bq, &mut ws.q),
+                (&layer.wk, &layer.bk, &mut ws.k),
+                (&layer.wv, &layer.bv, &mut ws.v),
+            ] {
+                out.resize(n * m.rows(), 0.0);
+                m.matmul(&ws.acts, out, th);
+                if let Some(b) = b {
+                    add_bias(out, b);
+                }
+            }
+            if let Some(w) = &layer.q_norm {
+                rms_norm_inplace(&mut ws.q, w, cfg.rms_eps);
+            }
+            if let Some(w) = &layer.k_norm {
+                rms_norm_inplace(&mut ws.k, w, cfg.rms_eps);
+            }
+            let rope = ws.rope.as_ref().expect("prepared above");
+            for t in 0..n {
+                rope.apply(t, &mut ws.q[t * nh * hd..(t + 1) * nh * hd]);
+                rope.apply(t, &mut ws.k[t * nkv * hd..(t + 1) * nkv * hd]);
+            }
+            write_kv(cache, l, &slots, &ws.k, &ws.v);
+            ws.att.resize(n * nh * hd, 0.0);
+            attend(cache, l, &slots, &ws.q, nh, &mut ws.att, &mut ws.attn);
+            matmul(&layer.wo, &mut ws.acts, &ws.att, n, &mut ws.o, th);
+            self.collective.all_reduce_sum(&mut ws.o);
+            add_inplace(&mut ws.x, &ws.o);
+
+            rms_norm(&ws.x, &layer.ffn_norm, cfg.rms_eps, &mut ws.h);
+            ws.acts.set(&ws.h, n, hidden);
+            for (m, out) in [(&layer.w_gate, &mut ws.gate), (&layer.w_up, &mut ws.up)] {
+                out.resize(n * m.rows(), 0.0);
+                m.matmul(&ws.acts, out, th);
+            }
+            swiglu(&mut ws.gate, &ws.up);
+            matmul(&layer.w_down, &mut ws.acts, &ws.gate, n, &mut ws.o, th);
+            self.collective.all_reduce_sum(&mut ws.o);
+            add_inplace(&mut ws.x, &ws.o);
+        }
+
+        // Final norm and LM head, only for the tokens whose logits were asked for.
+        ws.row.clear();
+        let mut t0 = 0;
+        for c in chunks {
+            let len = c.tokens.len();
+            let wanted = match c.logits {
+                Logits::None => 0..0,
+                Logits::Last => len - 1..len,
+                Logits::All => 0..len,
+            };
+            for t in wanted {
+                ws.row.extend_from_slice(&ws.x[(t0 + t) * hidden..(t0 + t + 1) * hidden]);
+            }
+            t0 += len;
+        }
+        let rows = ws.row.len() / hidden;
+        if rows == 0 {
+            ws.logits.clear();
+            return 0;
+        }
+        ws.h.resize(rows * hidden, 0.0);
+        rms_norm(&ws.row, &self.weights.output_norm, cfg.rms_eps, &mut ws.h[..rows * hidden]);
+        let head = &self.weights.output;
+        let h = std::mem::take(&mut ws.h);
+        matmul(head, &mut ws.acts, &h[..rows * hidden], rows, &mut ws.local_logits, th);
+        ws.h = h;
+        self.gather_vocab(rows, ws);
+        rows
+    }
+
+    /// Puts the full-vocabulary logits into `ws.logits` (vocab-parallel head: gather and
+    /// interleave each rank's slice per row).
+    fn gather_vocab(&self, rows: usize, ws: &mut Workspace) {
+        let world = self.collective.world();
+        if world == 1 {
+            std::mem::swap(&mut ws.logits, &mut ws.local_logits);
+            return;
+        }
+        self.collective.all_gather(&ws.local_logits, &mut ws.gathered);
+        let part = ws.local_logits.len() / rows;
+        ws.logits.resize(rows * part * world, 0.0);
+        for r in 0..world {
+            for row in 0..rows {
+                let src = &ws.gathered[(r * rows + row) * part..(r * rows + row + 1) * part];
+                let dst = row * part * world + r * part;
+                ws.logits[dst..dst + part].copy_from_slice(src);
+            }
+        }
+    }
+}
