@@ -275,7 +275,7 @@ impl TensorInfo {
         let block = u64::try_from(self.ty.block_size()?).ok()?;
         let size = u64::try_from(self.ty.type_size()?).ok()?;
         let row = *self.dims.first().unwrap_or(&1);
-        if row % block != 0 {
+        if row / block * block != row {
             return None;
         }
         let mut n: u64 = 1;

@@ -172,9 +172,8 @@ impl Builder {
     }
 
     fn pad(&mut self, align: usize) {
-        while self.bytes.len() % align != 0 {
-            self.bytes.push(0);
-        }
+        self.bytes
+            .resize(self.bytes.len().next_multiple_of(align), 0);
     }
 }
 

@@ -13,16 +13,6 @@ fn is_direct(b: u8) -> bool {
     matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF)
 }
 
-/// The character GPT-2's byte-level encoding uses for byte `b`.
-pub(super) fn byte_to_char(b: u8) -> char {
-    if is_direct(b) {
-        return char::from(b);
-    }
-    // The remaining bytes take U+0100, U+0101, ... in byte order.
-    let rank = (0..b).filter(|&x| !is_direct(x)).count() as u32;
-    char::from_u32(0x100 + rank).unwrap_or(char::REPLACEMENT_CHARACTER)
-}
-
 /// Table from bytes to their byte-level characters.
 pub(super) fn byte_table() -> [char; 256] {
     let mut table = ['\0'; 256];
@@ -167,8 +157,16 @@ mod tests {
         assert_eq!(t[usize::from(b'a')], 'a');
         assert_eq!(t[0], '\u{100}');
         assert_eq!(t[0xAD], '\u{143}');
+        // Bytes spelled as themselves, then the rest from U+0100 in byte order.
+        let mut next = 0x100;
         for b in 0..=255u8 {
-            assert_eq!(byte_to_char(b), t[usize::from(b)]);
+            let c = t[usize::from(b)];
+            if is_direct(b) {
+                assert_eq!(u32::from(c), u32::from(b));
+            } else {
+                assert_eq!(u32::from(c), next);
+                next += 1;
+            }
             let mut out = Vec::new();
             decode_spelling(&t[usize::from(b)].to_string(), &mut out);
             assert_eq!(out, vec![b]);

@@ -59,7 +59,8 @@ impl PreTokenizer {
 
     /// Splits `text` into pieces, returned as byte ranges that tile `text` in order.
     pub fn split(&self, text: &str) -> Vec<Range<usize>> {
-        let mut pieces = vec![0..text.len()];
+        let mut pieces = Vec::with_capacity(text.len() / 4 + 1);
+        pieces.push(0..text.len());
         let mut next = Vec::new();
         for re in &self.regexes {
             next.clear();
