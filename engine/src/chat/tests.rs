@@ -130,3 +130,10 @@ fn chat_message_serde() {
     let m: ChatMessage = serde_json::from_str(r#"{"role":"user","content":"hi"}"#).unwrap();
     assert_eq!(m, ChatMessage::new("user", "hi"));
 }
+
+#[test]
+fn shared_types_are_send_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<ChatTemplate>();
+    check::<GgufFile>();
+}

@@ -237,3 +237,23 @@ fn tokenizer_is_send_sync() {
     fn check<T: Send + Sync + Clone>() {}
     check::<Tokenizer>();
 }
+
+#[test]
+fn pathological_inputs_stay_fast() {
+    let Some(tok) = real_tokenizer() else { return };
+    let inputs = [
+        "a".repeat(100_000),
+        " ".repeat(100_000) + "x",
+        "\n".repeat(50_000) + &" \t".repeat(25_000),
+        "9".repeat(100_000),
+        "🦀".repeat(20_000),
+        "<|im_start|>".repeat(5_000) + &"<|im_end".repeat(5_000),
+    ];
+    for s in &inputs {
+        let t = std::time::Instant::now();
+        let ids = tok.encode(s, true);
+        let took = t.elapsed();
+        assert_eq!(&tok.decode(&ids), s);
+        assert!(took.as_secs_f64() < 2.0, "{} bytes took {took:?}", s.len());
+    }
+}
