@@ -1,1 +1,153 @@
-//! (being written)
+//! Chat templates: rendering a conversation into a prompt string the way Hugging Face does.
+//!
+//! A model's `tokenizer.chat_template` is a Jinja template written for Python's Jinja2 as
+//! Hugging Face `transformers` configures it: `trim_blocks` and `lstrip_blocks` on, loop
+//! controls, a `raise_exception` function, an optional `strftime_now` function, and Python
+//! methods on strings and dicts (`.strip()`, `.startswith()`, `.items()`, ...). This module runs
+//! such templates with minijinja, set up to match ([`pycompat`] supplies the Python methods).
+
+mod pycompat;
+
+use minijinja::{context, Environment, Error, ErrorKind, Value};
+
+use crate::gguf::{GgufError, GgufFile};
+use crate::tokenizer::Tokenizer;
+
+/// Name under which the template is stored in its environment.
+const TEMPLATE_NAME: &str = "chat_template";
+
+/// Errors from compiling or rendering a chat template.
+#[derive(Debug, thiserror::Error)]
+pub enum ChatError {
+    /// The GGUF file has no `tokenizer.chat_template`, or it is not a string.
+    #[error("model has no usable chat template: {0}")]
+    Missing(#[source] GgufError),
+    /// The template does not compile.
+    #[error("chat template syntax error: {0}")]
+    Syntax(String),
+    /// The template called `raise_exception` (typically to reject a conversation shape).
+    #[error("chat template raised: {0}")]
+    Raised(String),
+    /// Rendering failed for another reason.
+    #[error("chat template render error: {0}")]
+    Render(String),
+}
+
+/// One message of a conversation.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant`, ...
+    pub role: String,
+    /// The message text.
+    pub content: String,
+}
+
+impl ChatMessage {
+    /// A message with the given role and content.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A compiled chat template with the model's BOS and EOS strings.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: String,
+    eos_token: String,
+}
+
+impl std::fmt::Debug for ChatTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatTemplate")
+            .field("bos_token", &self.bos_token)
+            .field("eos_token", &self.eos_token)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Marks errors raised by the template's own `raise_exception` calls.
+const RAISED_PREFIX: &str = "raise_exception: ";
+
+impl ChatTemplate {
+    /// Compiles `source` once, with Hugging Face's Jinja settings.
+    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self, ChatError> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(pycompat::call_method);
+        env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
+            Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("{RAISED_PREFIX}{msg}"),
+            ))
+        });
+        env.add_function("strftime_now", pycompat::strftime_now);
+        env.add_filter("tojson", pycompat::tojson);
+        env.add_template_owned(TEMPLATE_NAME, source.to_string())
+            .map_err(|e| ChatError::Syntax(describe(&e)))?;
+        Ok(ChatTemplate {
+            env,
+            bos_token: bos_token.to_string(),
+            eos_token: eos_token.to_string(),
+        })
+    }
+
+    /// The template in `tokenizer.chat_template`, with BOS/EOS strings from `tok`.
+    pub fn from_gguf(g: &GgufFile, tok: &Tokenizer) -> Result<Self, ChatError> {
+        let source = g
+            .get_str("tokenizer.chat_template")
+            .map_err(ChatError::Missing)?;
+        let text = |id: Option<u32>| {
+            id.and_then(|id| tok.token_str(id))
+                .unwrap_or_default()
+                .to_string()
+        };
+        Self::new(source, &text(tok.bos()), &text(tok.eos()))
+    }
+
+    /// Renders `messages`; with `add_generation_prompt` the result ends with the opening of an
+    /// assistant turn.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatError> {
+        let tmpl = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|e| ChatError::Render(describe(&e)))?;
+        tmpl.render(context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => &self.bos_token,
+            eos_token => &self.eos_token,
+        })
+        .map_err(|e| {
+            let detail = e.detail().unwrap_or_default();
+            match detail.strip_prefix(RAISED_PREFIX) {
+                Some(msg) if e.kind() == ErrorKind::InvalidOperation => {
+                    ChatError::Raised(msg.to_string())
+                }
+                _ => ChatError::Render(describe(&e)),
+            }
+        })
+    }
+}
+
+/// An error's message with its cause chain and template line, on one line.
+fn describe(e: &Error) -> String {
+    let mut s = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests;

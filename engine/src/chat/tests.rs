@@ -1,0 +1,139 @@
+//! Tests of chat template rendering: the real model's template and Jinja/Python compatibility.
+
+use super::*;
+use crate::gguf::default_model_path;
+
+fn real_template() -> Option<ChatTemplate> {
+    let path = default_model_path();
+    if !path.exists() {
+        eprintln!("skipping: model not found at {}", path.display());
+        return None;
+    }
+    let g = GgufFile::open(&path).expect("open model");
+    let tok = Tokenizer::from_gguf(&g).expect("tokenizer");
+    Some(ChatTemplate::from_gguf(&g, &tok).expect("template"))
+}
+
+fn convo() -> Vec<ChatMessage> {
+    vec![
+        ChatMessage::new("user", "Hello"),
+        ChatMessage::new("assistant", "Hi there"),
+        ChatMessage::new("user", "How are you?"),
+    ]
+}
+
+#[test]
+fn real_template_two_turns() {
+    let Some(t) = real_template() else { return };
+    assert_eq!(t.bos_token, "<|im_start|>");
+    assert_eq!(t.eos_token, "<|im_end|>");
+    let out = t.render(&convo(), true).unwrap();
+    assert_eq!(
+        out,
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging \
+         Face<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\nHi \
+         there<|im_end|>\n<|im_start|>user\nHow are you?<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let no_prompt = t.render(&convo(), false).unwrap();
+    assert!(no_prompt.ends_with("How are you?<|im_end|>\n"));
+}
+
+#[test]
+fn real_template_explicit_system() {
+    let Some(t) = real_template() else { return };
+    let mut msgs = vec![ChatMessage::new("system", "Be brief.")];
+    msgs.extend(convo());
+    let out = t.render(&msgs, true).unwrap();
+    assert!(out.starts_with("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello"));
+    assert!(!out.contains("SmolLM"));
+    assert_eq!(out.matches("<|im_start|>system").count(), 1);
+}
+
+#[test]
+fn syntax_error_is_an_error() {
+    for bad in [
+        "{% for m in messages %}",
+        "{{ ",
+        "{% if %}{% endif %}",
+        "{% endfor %}",
+    ] {
+        assert!(matches!(
+            ChatTemplate::new(bad, "", ""),
+            Err(ChatError::Syntax(_))
+        ));
+    }
+}
+
+#[test]
+fn raise_exception_and_render_errors() {
+    let t = ChatTemplate::new(
+        "{% if messages[0].role != 'user' %}{{ raise_exception('first must be user') }}{% endif %}ok",
+        "",
+        "",
+    )
+    .unwrap();
+    assert_eq!(t.render(&convo(), false).unwrap(), "ok");
+    match t.render(&[ChatMessage::new("assistant", "x")], false) {
+        Err(ChatError::Raised(msg)) => assert_eq!(msg, "first must be user"),
+        other => panic!("expected Raised, got {other:?}"),
+    }
+    let t = ChatTemplate::new("{{ messages[0].content.nosuchmethod() }}", "", "").unwrap();
+    assert!(matches!(
+        t.render(&convo(), false),
+        Err(ChatError::Render(_))
+    ));
+}
+
+#[test]
+fn hf_jinja_settings_and_python_methods() {
+    // trim_blocks and lstrip_blocks: block tags leave no whitespace behind.
+    let src = "{% for m in messages %}\n    {% if m.role == 'user' %}\n[{{ m.content.strip() }}]\n    {% endif %}\n{% endfor %}\n";
+    let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
+    let msgs = [
+        ChatMessage::new("user", "  a  "),
+        ChatMessage::new("assistant", "b"),
+    ];
+    assert_eq!(t.render(&msgs, false).unwrap(), "[a]\n");
+
+    let src = concat!(
+        "{{ bos_token }}",
+        "{% for m in messages %}",
+        "{% if loop.index0 > 1 %}{% break %}{% endif %}",
+        "{% if m.role == 'system' %}{% continue %}{% endif %}",
+        "{{ m.role.upper() }}:{{ m.content.lstrip('x').rstrip('!') }}|",
+        "{{ m.content.startswith(('x', 'y')) }}|{{ m.content.split('x') | length }}|",
+        "{{ m.content.replace('x', 'y', 1) }}|{{ ' a  b '.split() }}|{{ 'hello world'.title() }}|",
+        "{{ '-'.join(['p', 'q']) }}|{{ 'abc'.find('c') }}|",
+        "{% endfor %}",
+        "{{ eos_token }}",
+        "{% set d = {'k': 1, 'j': 'x'} %}",
+        "{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}",
+        "{{ d.get('k') }}{{ d.get('z', 'dflt') }}{{ d.keys() | list | length }}",
+        "|{{ {'a': [1, 'é<'], 'b': none} | tojson }}",
+        "|{{ strftime_now('%Y') | length }}",
+    );
+    let t = ChatTemplate::new(src, "<s>", "</s>").unwrap();
+    let msgs = [
+        ChatMessage::new("system", "sys"),
+        ChatMessage::new("user", "xxhix!"),
+        ChatMessage::new("user", "never"),
+    ];
+    assert_eq!(
+        t.render(&msgs, false).unwrap(),
+        "<s>USER:hix|True|4|yxhix!|[\"a\", \"b\"]|Hello World|p-q|2|</s>k=1;j=x;1dflt2\
+         |{\"a\": [1, \"é<\"], \"b\": null}|4"
+    );
+}
+
+#[test]
+fn chat_message_serde() {
+    let m: ChatMessage = serde_json::from_str(r#"{"role":"user","content":"hi"}"#).unwrap();
+    assert_eq!(m, ChatMessage::new("user", "hi"));
+}
+
+#[test]
+fn shared_types_are_send_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<ChatTemplate>();
+    check::<GgufFile>();
+}
