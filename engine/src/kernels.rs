@@ -1,1 +1,554 @@
-//! (being written)
+//! Matrix × activations products for the GGUF weight formats the model uses (F32, Q4_0, Q4_1,
+//! Q8_0): every linear layer of the forward pass goes through [`QMatrix::matmul`].
+//!
+//! # Data layout
+//! [`QMatrix::from_raw`] takes ggml row-major bytes (rows of `cols / 32` blocks) and repacks each
+//! row so its scales are contiguous: `[d: nb × f16][m: nb × f16 (Q4_1 only)][quants]`, where the
+//! quants are the ggml `qs` bytes in block order (16 bytes per Q4 block, 32 per Q8_0 block). A
+//! row takes exactly as many bytes as in ggml, and each row is one sequential stream for the
+//! prefetcher. F32 matrices are kept as plain `f32` rows.
+//!
+//! [`Activations`] holds the f32 activations of a batch of tokens plus their Q8 quantization,
+//! per token and per block of 32 like llama.cpp's Q8_1: `d = f16(max|x| / 127)` (rounded to f16
+//! as llama.cpp stores it), `q = round_ties_even(x · 127 / max|x|)`, and `s = d · Σq`.
+//!
+//! # Exact float semantics (batch invariance)
+//! Every backend (scalar, AVX2, AVX512-VNNI) computes, for each (row, token) pair, *exactly* the
+//! same float operations in the same order, whatever the batch size, tile shape, remainder or
+//! thread count, so results are bit-identical across all of them:
+//!
+//! - Quantized weights: for each block `b` in order and each lane `k` in `0..8`, let
+//!   `L[k] = Σ_{i=4k}^{4k+3} qw[i]·qx[i]` (an exact `i32`; `qw` is the raw nibble `0..=15` for Q4
+//!   and the `i8` for Q8_0; element `i` of a Q4 block is the low nibble of `qs[i]` for `i < 16`
+//!   and the high nibble of `qs[i - 16]` otherwise). Then
+//!   `acc[k] = fma(L[k] as f32, dw_b · dx_b, acc[k])`.
+//!   Q4 formats add the offset term in 8 more lanes: `macc[b % 8] = fma(mw_b, s_b, macc[b % 8])`
+//!   with `mw = m` for Q4_1 and `mw = -8·d` for Q4_0 (so `value = d·q + mw` in both cases).
+//! - F32 weights: `acc[i % 8] = fma(w[i], x[i], acc[i % 8])` for each column `i` in order.
+//! - The result is `hsum(acc)` (`+ hsum(macc)` for Q4), with
+//!   `hsum(v) = ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))`.
+//!
+//! # Performance
+//! Kernels loop over weight rows outermost and reuse each row (kept in L1, chunks of rows at a
+//! time) across all tokens, with an R-rows × T-tokens register micro-kernel: 4 × 1 for single
+//! tokens (decode), 2 × 4 for token tiles (batched decode, prefill).
+
+mod activations;
+mod scalar;
+#[cfg(test)]
+mod tests;
+mod threads;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+pub use activations::Activations;
+use threads::OutPtr;
+pub use threads::Threads;
+
+use std::ops::Range;
+use std::sync::OnceLock;
+
+use half::f16;
+
+/// Number of elements in a quantization block.
+pub const QK: usize = 32;
+
+/// Weight formats a [`QMatrix`] may hold (F16 GGUF tensors are converted to F32 by the caller).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightType {
+    F32,
+    Q4_0,
+    Q4_1,
+    Q8_0,
+}
+
+impl WeightType {
+    /// Whether the type is block-quantized (its column count must be a multiple of [`QK`]).
+    pub fn is_quantized(self) -> bool {
+        self != WeightType::F32
+    }
+
+    /// Bytes of one ggml row of `cols` elements (`cols` a multiple of [`QK`] when quantized).
+    pub fn row_bytes(self, cols: usize) -> usize {
+        match self {
+            WeightType::F32 => cols * 4,
+            WeightType::Q4_0 => cols / QK * 18,
+            WeightType::Q4_1 => cols / QK * 20,
+            WeightType::Q8_0 => cols / QK * 34,
+        }
+    }
+
+    /// Bytes of quants per block in the packed layout.
+    fn qs_bytes(self) -> usize {
+        match self {
+            WeightType::Q8_0 => 32,
+            _ => 16,
+        }
+    }
+
+    /// Number of f16 scale arrays per packed row (d, and m for Q4_1).
+    fn n_scales(self) -> usize {
+        match self {
+            WeightType::Q4_1 => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// Errors building or slicing a [`QMatrix`].
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("{ty:?} matrix needs a column count that is a multiple of {QK}, got {cols}")]
+    ColsNotBlockAligned { ty: WeightType, cols: usize },
+    #[error("{ty:?} matrix of {rows}x{cols} needs {expected} bytes, got {got}")]
+    ByteLength {
+        ty: WeightType,
+        rows: usize,
+        cols: usize,
+        expected: usize,
+        got: usize,
+    },
+    #[error("matrix of {rows}x{cols} needs {expected} values, got {got}")]
+    ValueCount {
+        rows: usize,
+        cols: usize,
+        expected: usize,
+        got: usize,
+    },
+    #[error("matrix of {rows}x{cols} is too large")]
+    TooLarge { rows: usize, cols: usize },
+    #[error("column range {start}..{end} is invalid for a {ty:?} matrix of {cols} columns")]
+    BadColumnRange {
+        ty: WeightType,
+        cols: usize,
+        start: usize,
+        end: usize,
+    },
+}
+
+#[derive(Clone)]
+enum Storage {
+    F32(Vec<f32>),
+    Packed(Vec<u8>),
+}
+
+/// A `[rows × cols]` weight matrix in one of the [`WeightType`] formats.
+#[derive(Clone)]
+pub struct QMatrix {
+    ty: WeightType,
+    rows: usize,
+    cols: usize,
+    /// Blocks per row (quantized types).
+    nb: usize,
+    /// Bytes per packed row (quantized types).
+    row_bytes: usize,
+    data: Storage,
+}
+
+impl std::fmt::Debug for QMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QMatrix")
+            .field("ty", &self.ty)
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One packed row of a quantized matrix, split into its parts.
+#[derive(Clone, Copy)]
+struct PackedRow<'a> {
+    /// `nb` little-endian f16 scales.
+    d: &'a [u8],
+    /// `nb` little-endian f16 offsets (Q4_1 only).
+    m: Option<&'a [u8]>,
+    /// Quants, `qs_bytes` per block.
+    qs: &'a [u8],
+}
+
+fn f16_at(bytes: &[u8], i: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])).to_f32()
+}
+
+impl QMatrix {
+    /// `bytes` is the ggml row-major data of a `[rows × cols]` matrix (`cols` = ggml `dims[0]`).
+    pub fn from_raw(
+        ty: WeightType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<QMatrix, KernelError> {
+        if ty.is_quantized() && cols % QK != 0 {
+            return Err(KernelError::ColsNotBlockAligned { ty, cols });
+        }
+        let expected = rows
+            .checked_mul(ty.row_bytes(cols))
+            .filter(|_| cols.checked_mul(4).is_some())
+            .ok_or(KernelError::TooLarge { rows, cols })?;
+        if bytes.len() != expected {
+            return Err(KernelError::ByteLength {
+                ty,
+                rows,
+                cols,
+                expected,
+                got: bytes.len(),
+            });
+        }
+        if ty == WeightType::F32 {
+            let data = bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            return QMatrix::from_f32(rows, cols, data);
+        }
+        let nb = cols / QK;
+        let (block, qsb, ns) = (ty.row_bytes(QK), ty.qs_bytes(), ty.n_scales());
+        let mut data = vec![0u8; expected];
+        for (src, dst) in bytes
+            .chunks_exact(nb * block)
+            .zip(data.chunks_exact_mut(nb * block))
+        {
+            let (scales, qs) = dst.split_at_mut(2 * ns * nb);
+            for (b, blk) in src.chunks_exact(block).enumerate() {
+                for s in 0..ns {
+                    scales[2 * (s * nb + b)..][..2].copy_from_slice(&blk[2 * s..2 * s + 2]);
+                }
+                qs[b * qsb..(b + 1) * qsb].copy_from_slice(&blk[2 * ns..]);
+            }
+        }
+        Ok(QMatrix {
+            ty,
+            rows,
+            cols,
+            nb,
+            row_bytes: nb * block,
+            data: Storage::Packed(data),
+        })
+    }
+
+    /// A F32 matrix from row-major values.
+    pub fn from_f32(rows: usize, cols: usize, data: Vec<f32>) -> Result<QMatrix, KernelError> {
+        let expected = rows
+            .checked_mul(cols)
+            .ok_or(KernelError::TooLarge { rows, cols })?;
+        if data.len() != expected {
+            return Err(KernelError::ValueCount {
+                rows,
+                cols,
+                expected,
+                got: data.len(),
+            });
+        }
+        Ok(QMatrix {
+            ty: WeightType::F32,
+            rows,
+            cols,
+            nb: 0,
+            row_bytes: 0,
+            data: Storage::F32(data),
+        })
+    }
+
+    /// Quantizes row-major f32 values to Q8_0 (ggml's reference rounding), for tests and tiny
+    /// random models.
+    pub fn quantize_q8_0(rows: usize, cols: usize, data: &[f32]) -> Result<QMatrix, KernelError> {
+        let ty = WeightType::Q8_0;
+        if cols % QK != 0 {
+            return Err(KernelError::ColsNotBlockAligned { ty, cols });
+        }
+        let expected = rows
+            .checked_mul(cols)
+            .ok_or(KernelError::TooLarge { rows, cols })?;
+        if data.len() != expected {
+            return Err(KernelError::ValueCount {
+                rows,
+                cols,
+                expected,
+                got: data.len(),
+            });
+        }
+        let mut raw = Vec::with_capacity(rows * ty.row_bytes(cols));
+        for blk in data.chunks_exact(QK) {
+            let amax = blk.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            raw.extend_from_slice(&f16::from_f32(d).to_bits().to_le_bytes());
+            raw.extend(blk.iter().map(|v| (v * id).round() as i8 as u8));
+        }
+        QMatrix::from_raw(ty, rows, cols, &raw)
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    pub fn ty(&self) -> WeightType {
+        self.ty
+    }
+
+    fn packed_row(&self, r: usize) -> PackedRow<'_> {
+        let Storage::Packed(data) = &self.data else {
+            unreachable!("packed_row on F32")
+        };
+        let row = &data[r * self.row_bytes..(r + 1) * self.row_bytes];
+        let (d, rest) = row.split_at(2 * self.nb);
+        let (m, qs) = if self.ty == WeightType::Q4_1 {
+            let (m, qs) = rest.split_at(2 * self.nb);
+            (Some(m), qs)
+        } else {
+            (None, rest)
+        };
+        PackedRow { d, m, qs }
+    }
+
+    fn f32_row(&self, r: usize) -> &[f32] {
+        let Storage::F32(data) = &self.data else {
+            unreachable!("f32_row on quantized")
+        };
+        &data[r * self.cols..(r + 1) * self.cols]
+    }
+
+    /// Dequantizes row `r` into `out` (`out.len() == cols`), e.g. for an embedding lookup.
+    /// Panics if `r >= rows` or `out` has the wrong length.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        assert!(r < self.rows, "row {r} out of range for {} rows", self.rows);
+        assert_eq!(out.len(), self.cols, "dequantize_row output length");
+        if self.ty == WeightType::F32 {
+            out.copy_from_slice(self.f32_row(r));
+            return;
+        }
+        let row = self.packed_row(r);
+        for (b, o) in out.chunks_exact_mut(QK).enumerate() {
+            let d = f16_at(row.d, b);
+            match self.ty {
+                WeightType::Q8_0 => {
+                    for (o, &q) in o.iter_mut().zip(&row.qs[b * 32..(b + 1) * 32]) {
+                        *o = d * (q as i8) as f32;
+                    }
+                }
+                _ => {
+                    let m = row.m.map_or(-8.0 * d, |m| f16_at(m, b));
+                    for (j, &q) in row.qs[b * 16..(b + 1) * 16].iter().enumerate() {
+                        o[j] = d * (q & 15) as f32 + m;
+                        o[j + 16] = d * (q >> 4) as f32 + m;
+                    }
+                }
+            }
+        }
+    }
+
+    /// A copy of rows `[start, end)` (tensor-parallel split of the output dimension).
+    /// Panics if the range is out of bounds.
+    pub fn slice_rows(&self, start: usize, end: usize) -> QMatrix {
+        assert!(
+            start <= end && end <= self.rows,
+            "row range {start}..{end} of {}",
+            self.rows
+        );
+        let data = match &self.data {
+            Storage::F32(d) => Storage::F32(d[start * self.cols..end * self.cols].to_vec()),
+            Storage::Packed(d) => {
+                Storage::Packed(d[start * self.row_bytes..end * self.row_bytes].to_vec())
+            }
+        };
+        QMatrix {
+            rows: end - start,
+            data,
+            ..*self
+        }
+    }
+
+    /// A copy of columns `[start, end)` (row-parallel split of the input dimension). For
+    /// quantized types both ends must be multiples of [`QK`].
+    pub fn slice_cols(&self, start: usize, end: usize) -> Result<QMatrix, KernelError> {
+        let bad = start > end
+            || end > self.cols
+            || (self.ty.is_quantized() && (start % QK != 0 || end % QK != 0));
+        if bad {
+            return Err(KernelError::BadColumnRange {
+                ty: self.ty,
+                cols: self.cols,
+                start,
+                end,
+            });
+        }
+        let cols = end - start;
+        if self.ty == WeightType::F32 {
+            let mut data = Vec::with_capacity(self.rows * cols);
+            for r in 0..self.rows {
+                data.extend_from_slice(&self.f32_row(r)[start..end]);
+            }
+            return QMatrix::from_f32(self.rows, cols, data);
+        }
+        let (b0, b1) = (start / QK, end / QK);
+        let qsb = self.ty.qs_bytes();
+        let nb = b1 - b0;
+        let row_bytes = self.ty.row_bytes(cols);
+        let mut data = Vec::with_capacity(self.rows * row_bytes);
+        for r in 0..self.rows {
+            let row = self.packed_row(r);
+            data.extend_from_slice(&row.d[2 * b0..2 * b1]);
+            if let Some(m) = row.m {
+                data.extend_from_slice(&m[2 * b0..2 * b1]);
+            }
+            data.extend_from_slice(&row.qs[qsb * b0..qsb * b1]);
+        }
+        Ok(QMatrix {
+            ty: self.ty,
+            rows: self.rows,
+            cols,
+            nb,
+            row_bytes,
+            data: Storage::Packed(data),
+        })
+    }
+
+    /// `out[t * self.rows() + r] = Σ_c W[r,c]·x[t,c]` for every token `t` of `x`.
+    ///
+    /// Panics if `x.cols() != self.cols()` or `out.len() != x.n_tokens() * self.rows()` (a
+    /// quantized matrix has `cols % 32 == 0`, so matching activations are always quantized).
+    pub fn matmul(&self, x: &Activations, out: &mut [f32], threads: &Threads) {
+        self.matmul_with(isa(), x, out, threads);
+    }
+
+    fn matmul_with(&self, isa: Isa, x: &Activations, out: &mut [f32], threads: &Threads) {
+        assert_eq!(x.cols, self.cols, "matmul: activation width != matrix cols");
+        assert_eq!(out.len(), x.n_tokens * self.rows, "matmul: output length");
+        debug_assert!(!self.ty.is_quantized() || x.quantized);
+        if x.n_tokens == 0 || self.rows == 0 {
+            return;
+        }
+        let out = OutPtr {
+            ptr: out.as_mut_ptr(),
+            len: out.len(),
+        };
+        let work = self.rows * self.cols.max(1) * x.n_tokens;
+        let n = match &threads.pool {
+            Some(_) if work >= 1 << 16 => threads.n.min(self.rows.div_ceil(16)),
+            _ => 1,
+        };
+        if n <= 1 {
+            self.compute_rows(isa, x, out, 0..self.rows);
+            return;
+        }
+        let per = self.rows.div_ceil(n).next_multiple_of(16);
+        let pool = threads.pool.as_ref().expect("pool checked above");
+        pool.scope(|s| {
+            for start in (0..self.rows).step_by(per) {
+                let end = (start + per).min(self.rows);
+                s.spawn(move |_| self.compute_rows(isa, x, out, start..end));
+            }
+        });
+    }
+
+    /// Computes `rows` for all tokens, a chunk of rows (kept in L1/L2) at a time.
+    fn compute_rows(&self, isa: Isa, x: &Activations, out: OutPtr, rows: Range<usize>) {
+        let row_bytes = if self.ty == WeightType::F32 {
+            self.cols * 4
+        } else {
+            self.row_bytes
+        };
+        let chunk = (24 * 1024 / row_bytes.max(1)).clamp(4, 256);
+        let mut start = rows.start;
+        while start < rows.end {
+            let end = (start + chunk).min(rows.end);
+            let mut t = 0;
+            while t < x.n_tokens {
+                let nt = if x.n_tokens - t >= 4 { 4 } else { 1 };
+                self.block(isa, x, out, start..end, t, nt);
+                t += nt;
+            }
+            start = end;
+        }
+    }
+
+    /// Computes rows `rows` × tokens `t0..t0 + nt` (`nt` is 1 or 4) with the given backend.
+    fn block(
+        &self,
+        isa: Isa,
+        x: &Activations,
+        out: OutPtr,
+        rows: Range<usize>,
+        t0: usize,
+        nt: usize,
+    ) {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                // SAFETY: `Isa::Avx2` is only produced after detecting avx2, fma and f16c.
+                unsafe { x86::avx2::block(self, x, out, rows, t0, nt) }
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Vnni => {
+                // SAFETY: `Isa::Vnni` is only produced after detecting avx2, fma, f16c,
+                // avx512vnni and avx512vl.
+                unsafe { x86::vnni::block(self, x, out, rows, t0, nt) }
+            }
+            _ => scalar::block(self, x, out, rows, t0, nt),
+        }
+    }
+}
+
+/// An instruction-set backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Isa {
+    Scalar,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Vnni,
+}
+
+impl Isa {
+    fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => "avx2",
+            #[cfg(target_arch = "x86_64")]
+            Isa::Vnni => "avx512vnni",
+        }
+    }
+
+    /// All backends this CPU supports, best last.
+    fn available() -> Vec<Isa> {
+        #[allow(unused_mut)]
+        let mut v = vec![Isa::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+            {
+                v.push(Isa::Avx2);
+                if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
+                    v.push(Isa::Vnni);
+                }
+            }
+        }
+        v
+    }
+}
+
+/// The backend in use: the best available, capped by `CLEAVE_SIMD=scalar|avx2` if set.
+fn isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        let avail = Isa::available();
+        let cap = std::env::var("CLEAVE_SIMD").ok();
+        let pick = avail
+            .iter()
+            .rev()
+            .find(|i| cap.as_deref().is_none_or(|c| c == i.name()));
+        *pick.unwrap_or(&avail[avail.len() - 1])
+    })
+}
+
+/// Which SIMD path is active, for logs and benches: "avx512vnni", "avx2" or "scalar".
+pub fn simd_path() -> &'static str {
+    isa().name()
+}

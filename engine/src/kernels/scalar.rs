@@ -1,0 +1,109 @@
+//! Portable backend and the canonical definition of every kernel's float semantics (see the
+//! parent module's docs): the SIMD backends must match these functions bit for bit.
+
+use std::ops::Range;
+
+use super::{f16_at, Activations, OutPtr, PackedRow, QMatrix, WeightType, QK};
+
+/// Quantizes one block of 32 activations into `q`, returning the (f16-rounded) scale and `Σq`.
+pub(super) fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
+    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let d = half::f16::from_f32(amax / 127.0).to_f32();
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    let mut sum = 0i32;
+    for (q, &v) in q.iter_mut().zip(x) {
+        // |v · id| <= 127 (up to rounding of id), and `as` saturates anyway.
+        let v = (v * id).round_ties_even() as i8;
+        *q = v;
+        sum += v as i32;
+    }
+    (d, sum)
+}
+
+/// `((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))`, the order of the SIMD reduction.
+pub(super) fn hsum(v: &[f32; 8]) -> f32 {
+    ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]))
+}
+
+/// Nibble `i` (0..32) of a Q4 block's 16 `qs` bytes.
+fn nibble(qs: &[u8], i: usize) -> u8 {
+    if i < 16 {
+        qs[i] & 15
+    } else {
+        qs[i - 16] >> 4
+    }
+}
+
+/// One (row, token) dot product of a Q4_0 / Q4_1 row with quantized activations.
+pub(super) fn dot_q4(row: PackedRow<'_>, xq: &[i8], xd: &[f32], xs: &[f32], nb: usize) -> f32 {
+    let mut acc = [0f32; 8];
+    for b in 0..nb {
+        let scale = f16_at(row.d, b) * xd[b];
+        let qs = &row.qs[b * 16..(b + 1) * 16];
+        let xb = &xq[b * QK..(b + 1) * QK];
+        for (k, a) in acc.iter_mut().enumerate() {
+            let l: i32 = (4 * k..4 * k + 4)
+                .map(|i| nibble(qs, i) as i32 * xb[i] as i32)
+                .sum();
+            *a = (l as f32).mul_add(scale, *a);
+        }
+    }
+    let mut macc = [0f32; 8];
+    for b in 0..nb {
+        let mw = match row.m {
+            Some(m) => f16_at(m, b),
+            None => -8.0 * f16_at(row.d, b),
+        };
+        macc[b % 8] = mw.mul_add(xs[b], macc[b % 8]);
+    }
+    hsum(&acc) + hsum(&macc)
+}
+
+/// One (row, token) dot product of a Q8_0 row with quantized activations.
+pub(super) fn dot_q8(row: PackedRow<'_>, xq: &[i8], xd: &[f32], nb: usize) -> f32 {
+    let mut acc = [0f32; 8];
+    for b in 0..nb {
+        let scale = f16_at(row.d, b) * xd[b];
+        let qs = &row.qs[b * 32..(b + 1) * 32];
+        let xb = &xq[b * QK..(b + 1) * QK];
+        for (k, a) in acc.iter_mut().enumerate() {
+            let l: i32 = (4 * k..4 * k + 4)
+                .map(|i| (qs[i] as i8) as i32 * xb[i] as i32)
+                .sum();
+            *a = (l as f32).mul_add(scale, *a);
+        }
+    }
+    hsum(&acc)
+}
+
+/// One (row, token) dot product of f32 rows.
+pub(super) fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (i, (&w, &x)) in w.iter().zip(x).enumerate() {
+        acc[i % 8] = w.mul_add(x, acc[i % 8]);
+    }
+    hsum(&acc)
+}
+
+/// Computes rows `rows` × tokens `t0..t0 + nt` one (row, token) pair at a time.
+pub(super) fn block(
+    m: &QMatrix,
+    x: &Activations,
+    out: OutPtr,
+    rows: Range<usize>,
+    t0: usize,
+    nt: usize,
+) {
+    for r in rows {
+        for t in t0..t0 + nt {
+            let v = match m.ty {
+                WeightType::F32 => dot_f32(m.f32_row(r), x.x_row(t)),
+                WeightType::Q8_0 => dot_q8(m.packed_row(r), x.q_row(t), x.d_row(t), m.nb),
+                WeightType::Q4_0 | WeightType::Q4_1 => {
+                    dot_q4(m.packed_row(r), x.q_row(t), x.d_row(t), x.s_row(t), m.nb)
+                }
+            };
+            out.write(t * m.rows + r, v);
+        }
+    }
+}

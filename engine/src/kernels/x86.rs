@@ -1,0 +1,385 @@
+//! x86-64 backends: AVX2 (+FMA, F16C) and AVX512-VNNI (256-bit `vpdpbusd`). Both are stamped out
+//! from one macro and differ only in the 32-byte `u8 × i8 → 8 × i32` dot step; the float work
+//! follows the exact order defined in `scalar.rs`, so all backends agree bit for bit.
+//!
+//! Register micro-kernels compute an R-rows × T-tokens tile: each weight block is loaded and
+//! unpacked once per tile and used for all T tokens, and each activation block is used for all
+//! R rows. Per 8-block chunk the scales `dw · dx` of every (row, token) pair are computed with
+//! one vector multiply and then broadcast from the stack, block by block.
+
+use std::arch::x86_64::*;
+
+use super::{Activations, PackedRow, QMatrix};
+
+/// The AVX2 integer dot: `maddubs` (u8 × i8 → pairs of i16; at most 2·255·127 never happens
+/// here: Q4 nibbles are <= 15 and Q8 uses |w| <= 128 against |x| <= 127, so no saturation) then
+/// `madd` with ones → lane k = Σ of bytes 4k..4k+3 of the products.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn dot_avx2(a: __m256i, b: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1))
+}
+
+/// The VNNI integer dot: lane k = Σ of the u8 × i8 products of bytes 4k..4k+3 (no saturation).
+#[target_feature(enable = "avx2,avx512vnni,avx512vl")]
+#[inline]
+fn dot_vnni(a: __m256i, b: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b)
+}
+
+/// Converts 8 f16 scales starting at block `b` of `bytes` (little-endian f16s), zero-padding
+/// blocks at or past `nb`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn load_f16x8(bytes: &[u8], b: usize, nb: usize) -> __m256 {
+    let mut tmp = [0u8; 16];
+    let src = if b + 8 <= nb {
+        &bytes[2 * b..2 * b + 16]
+    } else {
+        let n = 2 * (nb - b);
+        tmp[..n].copy_from_slice(&bytes[2 * b..2 * nb]);
+        &tmp[..]
+    };
+    // SAFETY: `src` is exactly 16 readable bytes; the load is unaligned.
+    unsafe { _mm256_cvtph_ps(_mm_loadu_si128(src.as_ptr().cast())) }
+}
+
+/// `((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))`, as `scalar::hsum`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn hsum(v: __m256) -> f32 {
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps::<0x55>(s2, s2)))
+}
+
+/// Unpacks the 16 `qs` bytes at `p` to 32 nibbles in element order (low nibbles then high).
+///
+/// # Safety
+/// `p` must point to 16 readable bytes.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn unpack_q4(p: *const u8) -> __m256i {
+    // SAFETY: the caller guarantees 16 readable bytes at `p`; the load is unaligned.
+    let v = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(p.cast()) });
+    let shifted = _mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4));
+    _mm256_and_si256(shifted, _mm256_set1_epi8(15))
+}
+
+macro_rules! backend {
+    ($name:ident, $feat:literal, $dot:ident) => {
+        pub(super) mod $name {
+            use std::arch::x86_64::*;
+            use std::ops::Range;
+
+            use super::super::{Activations, OutPtr, QMatrix, WeightType, QK};
+            use super::{hsum, load_f16x8, q4_m_term, unpack_q4, $dot, Tile};
+
+            /// Q4_0 / Q4_1 tile of rows `r0..r0 + R` × tokens `t0..t0 + T`.
+            #[target_feature(enable = $feat)]
+            fn tile_q4<const R: usize, const T: usize>(
+                m: &QMatrix,
+                r0: usize,
+                x: &Activations,
+                t0: usize,
+                out: OutPtr,
+            ) {
+                let tile = Tile::<R, T>::new(m, r0, x, t0);
+                let nb = m.nb;
+                let mut acc = [[_mm256_setzero_ps(); T]; R];
+                let mut b0 = 0;
+                while b0 < nb {
+                    let n = (nb - b0).min(8);
+                    let mut sc = [[[0f32; 8]; T]; R];
+                    for r in 0..R {
+                        let dw = load_f16x8(tile.rows[r].d, b0, nb);
+                        for t in 0..T {
+                            let dx = tile.xd8(t, b0);
+                            // SAFETY: `sc[r][t]` has room for 8 f32s; unaligned store.
+                            unsafe {
+                                _mm256_storeu_ps(sc[r][t].as_mut_ptr(), _mm256_mul_ps(dw, dx))
+                            };
+                        }
+                    }
+                    for j in 0..n {
+                        let b = b0 + j;
+                        let mut w = [_mm256_setzero_si256(); R];
+                        for r in 0..R {
+                            // SAFETY: `b < nb` and each row's qs holds `16 · nb` bytes
+                            // (checked in `Tile::new`).
+                            w[r] = unsafe { unpack_q4(tile.qs[r].add(16 * b)) };
+                        }
+                        for t in 0..T {
+                            let xv = tile.xq32(t, b);
+                            for r in 0..R {
+                                let l = _mm256_cvtepi32_ps($dot(w[r], xv));
+                                let s = _mm256_set1_ps(sc[r][t][j]);
+                                acc[r][t] = _mm256_fmadd_ps(l, s, acc[r][t]);
+                            }
+                        }
+                    }
+                    b0 += 8;
+                }
+                for r in 0..R {
+                    for t in 0..T {
+                        let v = hsum(acc[r][t]) + q4_m_term(&tile, r, t, nb);
+                        out.write((t0 + t) * m.rows + r0 + r, v);
+                    }
+                }
+            }
+
+            /// Q8_0 tile of rows `r0..r0 + R` × tokens `t0..t0 + T` (sign trick: |w| × ±x).
+            #[target_feature(enable = $feat)]
+            fn tile_q8<const R: usize, const T: usize>(
+                m: &QMatrix,
+                r0: usize,
+                x: &Activations,
+                t0: usize,
+                out: OutPtr,
+            ) {
+                let tile = Tile::<R, T>::new(m, r0, x, t0);
+                let nb = m.nb;
+                let mut acc = [[_mm256_setzero_ps(); T]; R];
+                let mut b0 = 0;
+                while b0 < nb {
+                    let n = (nb - b0).min(8);
+                    let mut sc = [[[0f32; 8]; T]; R];
+                    for r in 0..R {
+                        let dw = load_f16x8(tile.rows[r].d, b0, nb);
+                        for t in 0..T {
+                            let dx = tile.xd8(t, b0);
+                            // SAFETY: `sc[r][t]` has room for 8 f32s; unaligned store.
+                            unsafe {
+                                _mm256_storeu_ps(sc[r][t].as_mut_ptr(), _mm256_mul_ps(dw, dx))
+                            };
+                        }
+                    }
+                    for j in 0..n {
+                        let b = b0 + j;
+                        let mut w = [_mm256_setzero_si256(); R];
+                        let mut aw = [_mm256_setzero_si256(); R];
+                        for r in 0..R {
+                            // SAFETY: `b < nb` and each row's qs holds `32 · nb` bytes
+                            // (checked in `Tile::new`); unaligned load.
+                            w[r] = unsafe { _mm256_loadu_si256(tile.qs[r].add(32 * b).cast()) };
+                            aw[r] = _mm256_abs_epi8(w[r]);
+                        }
+                        for t in 0..T {
+                            let xv = tile.xq32(t, b);
+                            for r in 0..R {
+                                let sx = _mm256_sign_epi8(xv, w[r]);
+                                let l = _mm256_cvtepi32_ps($dot(aw[r], sx));
+                                let s = _mm256_set1_ps(sc[r][t][j]);
+                                acc[r][t] = _mm256_fmadd_ps(l, s, acc[r][t]);
+                            }
+                        }
+                    }
+                    b0 += 8;
+                }
+                for r in 0..R {
+                    for t in 0..T {
+                        out.write((t0 + t) * m.rows + r0 + r, hsum(acc[r][t]));
+                    }
+                }
+            }
+
+            /// F32 tile of rows `r0..r0 + R` × tokens `t0..t0 + T`.
+            #[target_feature(enable = $feat)]
+            fn tile_f32<const R: usize, const T: usize>(
+                m: &QMatrix,
+                r0: usize,
+                x: &Activations,
+                t0: usize,
+                out: OutPtr,
+            ) {
+                let cols = m.cols;
+                let mut wr = [&[][..]; R];
+                for (r, w) in wr.iter_mut().enumerate() {
+                    *w = m.f32_row(r0 + r);
+                }
+                let mut xr = [&[][..]; T];
+                for (t, xt) in xr.iter_mut().enumerate() {
+                    *xt = x.x_row(t0 + t);
+                }
+                let mut acc = [[_mm256_setzero_ps(); T]; R];
+                let mut c = 0;
+                while c < cols {
+                    let mut w = [_mm256_setzero_ps(); R];
+                    for r in 0..R {
+                        w[r] = load_f32x8(wr[r], c);
+                    }
+                    for t in 0..T {
+                        let xv = load_f32x8(xr[t], c);
+                        for r in 0..R {
+                            acc[r][t] = _mm256_fmadd_ps(w[r], xv, acc[r][t]);
+                        }
+                    }
+                    c += 8;
+                }
+                for r in 0..R {
+                    for t in 0..T {
+                        out.write((t0 + t) * m.rows + r0 + r, hsum(acc[r][t]));
+                    }
+                }
+            }
+
+            /// Loads `v[c..c + 8]`, zero-padded past the end.
+            #[target_feature(enable = $feat)]
+            fn load_f32x8(v: &[f32], c: usize) -> __m256 {
+                let mut tmp = [0f32; 8];
+                let src = if c + 8 <= v.len() {
+                    &v[c..c + 8]
+                } else {
+                    tmp[..v.len() - c].copy_from_slice(&v[c..]);
+                    &tmp[..]
+                };
+                // SAFETY: `src` is exactly 8 readable f32s; unaligned load.
+                unsafe { _mm256_loadu_ps(src.as_ptr()) }
+            }
+
+            #[target_feature(enable = $feat)]
+            fn tile<const R: usize, const T: usize>(
+                m: &QMatrix,
+                r0: usize,
+                x: &Activations,
+                t0: usize,
+                out: OutPtr,
+            ) {
+                match m.ty {
+                    WeightType::F32 => tile_f32::<R, T>(m, r0, x, t0, out),
+                    WeightType::Q8_0 => tile_q8::<R, T>(m, r0, x, t0, out),
+                    WeightType::Q4_0 | WeightType::Q4_1 => tile_q4::<R, T>(m, r0, x, t0, out),
+                }
+            }
+
+            /// Computes rows `rows` × tokens `t0..t0 + nt` (`nt` is 1 or 4).
+            #[target_feature(enable = $feat)]
+            pub(in crate::kernels) fn block(
+                m: &QMatrix,
+                x: &Activations,
+                out: OutPtr,
+                rows: Range<usize>,
+                t0: usize,
+                nt: usize,
+            ) {
+                debug_assert!(m.ty == WeightType::F32 || m.cols % QK == 0);
+                if nt == 4 {
+                    let mut r = rows.start;
+                    while r + 2 <= rows.end {
+                        tile::<2, 4>(m, r, x, t0, out);
+                        r += 2;
+                    }
+                    if r < rows.end {
+                        tile::<1, 4>(m, r, x, t0, out);
+                    }
+                } else {
+                    for t in t0..t0 + nt {
+                        let mut r = rows.start;
+                        while r + 4 <= rows.end {
+                            tile::<4, 1>(m, r, x, t, out);
+                            r += 4;
+                        }
+                        while r < rows.end {
+                            tile::<1, 1>(m, r, x, t, out);
+                            r += 1;
+                        }
+                    }
+                }
+            }
+        }
+    };
+}
+
+backend!(avx2, "avx2,fma,f16c", dot_avx2);
+backend!(vnni, "avx2,fma,f16c,avx512vnni,avx512vl", dot_vnni);
+
+/// Validated views of the rows and tokens of one quantized tile.
+struct Tile<'a, const R: usize, const T: usize> {
+    rows: [PackedRow<'a>; R],
+    qs: [*const u8; R],
+    xq: [*const i8; T],
+    xd: [&'a [f32]; T],
+    xs: [&'a [f32]; T],
+}
+
+impl<'a, const R: usize, const T: usize> Tile<'a, R, T> {
+    fn new(m: &'a QMatrix, r0: usize, x: &'a Activations, t0: usize) -> Self {
+        let empty = PackedRow {
+            d: &[],
+            m: None,
+            qs: &[],
+        };
+        let mut rows = [empty; R];
+        let mut qs = [std::ptr::null(); R];
+        for r in 0..R {
+            rows[r] = m.packed_row(r0 + r);
+            // The kernels read `qs_bytes · nb` bytes through `qs[r]`.
+            assert_eq!(rows[r].qs.len(), m.ty.qs_bytes() * m.nb);
+            qs[r] = rows[r].qs.as_ptr();
+        }
+        let mut xq = [std::ptr::null(); T];
+        let mut xd = [&[][..]; T];
+        let mut xs = [&[][..]; T];
+        for t in 0..T {
+            let q = x.q_row(t0 + t);
+            // The kernels read `32 · nb` bytes through `xq[t]`.
+            assert_eq!(q.len(), QK_NB * m.nb);
+            xq[t] = q.as_ptr();
+            xd[t] = x.d_row(t0 + t);
+            xs[t] = x.s_row(t0 + t);
+        }
+        Tile {
+            rows,
+            qs,
+            xq,
+            xd,
+            xs,
+        }
+    }
+
+    /// The 32 quantized activations of token `t`, block `b < nb`.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn xq32(&self, t: usize, b: usize) -> __m256i {
+        // SAFETY: `b < nb` and token rows hold `32 · nb` bytes (checked in `new`); the load is
+        // unaligned.
+        unsafe { _mm256_loadu_si256(self.xq[t].add(QK_NB * b).cast()) }
+    }
+
+    /// Activation scales of token `t`, blocks `b0..b0 + 8` (rows are padded to a multiple of 8).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn xd8(&self, t: usize, b0: usize) -> __m256 {
+        let d = &self.xd[t][b0..b0 + 8];
+        // SAFETY: `d` is 8 readable f32s; unaligned load.
+        unsafe { _mm256_loadu_ps(d.as_ptr()) }
+    }
+}
+
+/// Elements per block, as used for activation row strides.
+const QK_NB: usize = super::QK;
+
+/// The Q4 offset term `hsum(macc)` of (row `r`, token `t`) of a tile.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4_m_term<const R: usize, const T: usize>(
+    tile: &Tile<'_, R, T>,
+    r: usize,
+    t: usize,
+    nb: usize,
+) -> f32 {
+    let row = tile.rows[r];
+    let mut macc = _mm256_setzero_ps();
+    let mut b0 = 0;
+    while b0 < nb {
+        let mw = match row.m {
+            Some(mb) => load_f16x8(mb, b0, nb),
+            None => _mm256_mul_ps(load_f16x8(row.d, b0, nb), _mm256_set1_ps(-8.0)),
+        };
+        let s = &tile.xs[t][b0..b0 + 8];
+        // SAFETY: `s` is 8 readable f32s; unaligned load.
+        let s = unsafe { _mm256_loadu_ps(s.as_ptr()) };
+        macc = _mm256_fmadd_ps(mw, s, macc);
+        b0 += 8;
+    }
+    hsum(macc)
+}
