@@ -221,6 +221,7 @@ impl Scheduler {
     pub fn schedule(&mut self) -> Vec<Planned> {
         let mut budget = self.config.step_tokens;
         let mut plan: Vec<Planned> = Vec::new();
+        let preemptions_before = self.counters.preemptions;
         // Running sequences, oldest first; a sequence that cannot get a block preempts newer ones.
         self.running.sort_by_key(|s| s.arrival);
         let mut i = 0;
@@ -255,7 +256,9 @@ impl Scheduler {
         }
         // (Victims are always newer than the sequence that needed blocks, so they sit later in
         // `running` and the indices already planned stay valid.)
-        while budget > 0 && self.running.len() < self.config.max_running {
+        // After a preemption the pool is short: admitting now would only thrash.
+        let preempted = self.counters.preemptions != preemptions_before;
+        while !preempted && budget > 0 && self.running.len() < self.config.max_running {
             let Some(mut s) = self.waiting.pop_front() else { break };
             self.admit_prefix(&mut s);
             let (computed, total) = (s.computed, s.tokens.len());
@@ -378,8 +381,10 @@ mod tests {
         s.add(seq(2, 30, 1));
         run_step(&mut s);
         assert_eq!(s.running.len(), 2);
-        // Both now have 31 tokens; at 33 they need a third block each.
+        // Both now hold 31 tokens; computing position 32 needs a third block each.
         run_step(&mut s);
+        run_step(&mut s);
+        assert_eq!(s.counters.preemptions, 0);
         run_step(&mut s);
         assert_eq!(s.counters.preemptions, 1);
         assert_eq!(s.running.len(), 1);
@@ -390,7 +395,8 @@ mod tests {
         assert_eq!(done.id, SeqId(1));
         let p = run_step(&mut s);
         assert_eq!(p[0].start, 0);
-        assert_eq!(p[0].len, 32);
+        // 30 prompt tokens plus the 3 it had generated before preemption.
+        assert_eq!(p[0].len, 33);
         s.remove(SeqId(2));
         assert_eq!(s.pool.available(), 4);
         s.pool.check_invariants();

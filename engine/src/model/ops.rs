@@ -119,10 +119,11 @@ mod tests {
     fn rms_norm_unit_rows() {
         let x = [3.0, 4.0, 0.0, 0.0, 1.0, 1.0];
         let mut out = [0.0; 6];
-        rms_norm(&x, &[1.0, 1.0], 0.0, &mut out);
+        rms_norm(&x, &[1.0, 1.0], 1e-6, &mut out);
         // rms of (3,4) is sqrt(12.5)
         assert!((out[0] - 3.0 / 12.5f32.sqrt()).abs() < 1e-6);
         assert_eq!(out[2], 0.0);
+        assert!((out[1] - 4.0 / 12.5f32.sqrt()).abs() < 1e-6);
         assert!((out[4] - 1.0).abs() < 1e-6);
     }
 
