@@ -67,13 +67,13 @@ unsafe fn unpack_q4(p: *const u8) -> __m256i {
 }
 
 macro_rules! backend {
-    ($name:ident, $feat:literal, $dot:ident) => {
+    ($name:ident, $feat:literal, $dot:ident, $q8prep:ident, $q8dot:ident) => {
         pub(super) mod $name {
             use std::arch::x86_64::*;
             use std::ops::Range;
 
             use super::super::{Activations, OutPtr, QMatrix, WeightType, QK};
-            use super::{hsum, load_f16x8, q4_m_term, unpack_q4, $dot, Tile};
+            use super::{chunk_scales, hsum, q4_m_term, unpack_q4, $dot, $q8dot, $q8prep, Tile};
 
             /// Q4_0 / Q4_1 tile of rows `r0..r0 + R` × tokens `t0..t0 + T`.
             #[target_feature(enable = $feat)]
@@ -90,17 +90,10 @@ macro_rules! backend {
                 let mut b0 = 0;
                 while b0 < nb {
                     let n = (nb - b0).min(8);
-                    let mut sc = [[[0f32; 8]; T]; R];
-                    for r in 0..R {
-                        let dw = load_f16x8(tile.rows[r].d, b0, nb);
-                        for t in 0..T {
-                            let dx = tile.xd8(t, b0);
-                            // SAFETY: `sc[r][t]` has room for 8 f32s; unaligned store.
-                            unsafe {
-                                _mm256_storeu_ps(sc[r][t].as_mut_ptr(), _mm256_mul_ps(dw, dx))
-                            };
-                        }
-                    }
+                    let mut sc = chunk_scales(&tile, b0, nb);
+                    // Keep the scales in memory so that they are broadcast by loads (free, or
+                    // folded into the FMA) rather than by register shuffles.
+                    std::hint::black_box(&mut sc);
                     for j in 0..n {
                         let b = b0 + j;
                         let mut w = [_mm256_setzero_si256(); R];
@@ -113,7 +106,7 @@ macro_rules! backend {
                             let xv = tile.xq32(t, b);
                             for r in 0..R {
                                 let l = _mm256_cvtepi32_ps($dot(w[r], xv));
-                                let s = _mm256_set1_ps(sc[r][t][j]);
+                                let s = _mm256_broadcast_ss(&sc[r][t][j]);
                                 acc[r][t] = _mm256_fmadd_ps(l, s, acc[r][t]);
                             }
                         }
@@ -128,7 +121,7 @@ macro_rules! backend {
                 }
             }
 
-            /// Q8_0 tile of rows `r0..r0 + R` × tokens `t0..t0 + T` (sign trick: |w| × ±x).
+            /// Q8_0 tile of rows `r0..r0 + R` × tokens `t0..t0 + T`.
             #[target_feature(enable = $feat)]
             fn tile_q8<const R: usize, const T: usize>(
                 m: &QMatrix,
@@ -143,33 +136,24 @@ macro_rules! backend {
                 let mut b0 = 0;
                 while b0 < nb {
                     let n = (nb - b0).min(8);
-                    let mut sc = [[[0f32; 8]; T]; R];
-                    for r in 0..R {
-                        let dw = load_f16x8(tile.rows[r].d, b0, nb);
-                        for t in 0..T {
-                            let dx = tile.xd8(t, b0);
-                            // SAFETY: `sc[r][t]` has room for 8 f32s; unaligned store.
-                            unsafe {
-                                _mm256_storeu_ps(sc[r][t].as_mut_ptr(), _mm256_mul_ps(dw, dx))
-                            };
-                        }
-                    }
+                    let mut sc = chunk_scales(&tile, b0, nb);
+                    // Keep the scales in memory so that they are broadcast by loads (free, or
+                    // folded into the FMA) rather than by register shuffles.
+                    std::hint::black_box(&mut sc);
                     for j in 0..n {
                         let b = b0 + j;
-                        let mut w = [_mm256_setzero_si256(); R];
-                        let mut aw = [_mm256_setzero_si256(); R];
+                        let mut w = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
                         for r in 0..R {
                             // SAFETY: `b < nb` and each row's qs holds `32 · nb` bytes
                             // (checked in `Tile::new`); unaligned load.
-                            w[r] = unsafe { _mm256_loadu_si256(tile.qs[r].add(32 * b).cast()) };
-                            aw[r] = _mm256_abs_epi8(w[r]);
+                            let v = unsafe { _mm256_loadu_si256(tile.qs[r].add(32 * b).cast()) };
+                            w[r] = $q8prep(v);
                         }
                         for t in 0..T {
                             let xv = tile.xq32(t, b);
                             for r in 0..R {
-                                let sx = _mm256_sign_epi8(xv, w[r]);
-                                let l = _mm256_cvtepi32_ps($dot(aw[r], sx));
-                                let s = _mm256_set1_ps(sc[r][t][j]);
+                                let l = _mm256_cvtepi32_ps($q8dot(w[r], xv));
+                                let s = _mm256_broadcast_ss(&sc[r][t][j]);
                                 acc[r][t] = _mm256_fmadd_ps(l, s, acc[r][t]);
                             }
                         }
@@ -290,8 +274,64 @@ macro_rules! backend {
     };
 }
 
-backend!(avx2, "avx2,fma,f16c", dot_avx2);
-backend!(vnni, "avx2,fma,f16c,avx512vnni,avx512vl", dot_vnni);
+backend!(avx2, "avx2,fma,f16c", dot_avx2, q8_prep_avx2, q8_dot_avx2);
+backend!(
+    vnni,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    dot_vnni,
+    q8_prep_vnni,
+    q8_dot_vnni
+);
+
+/// Per-(row, token) scales `dw · dx` of blocks `b0..b0 + 8` of a tile (zero past `nb`).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn chunk_scales<const R: usize, const T: usize>(
+    tile: &Tile<'_, R, T>,
+    b0: usize,
+    nb: usize,
+) -> [[[f32; 8]; T]; R] {
+    let mut sc = [[[0f32; 8]; T]; R];
+    for r in 0..R {
+        let dw = load_f16x8(tile.rows[r].d, b0, nb);
+        for t in 0..T {
+            let dx = tile.xd8(t, b0);
+            // SAFETY: `sc[r][t]` has room for 8 f32s; unaligned store.
+            unsafe { _mm256_storeu_ps(sc[r][t].as_mut_ptr(), _mm256_mul_ps(dw, dx)) };
+        }
+    }
+    sc
+}
+
+/// Q8_0 with AVX2, sign trick: `|w| × (x · sign(w))`, prepared as `(|w|, w)`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn q8_prep_avx2(w: __m256i) -> (__m256i, __m256i) {
+    (_mm256_abs_epi8(w), w)
+}
+
+#[target_feature(enable = "avx2")]
+#[inline]
+fn q8_dot_avx2(w: (__m256i, __m256i), x: __m256i) -> __m256i {
+    dot_avx2(w.0, _mm256_sign_epi8(x, w.1))
+}
+
+/// Q8_0 with VNNI, offset trick: `(x + 128) × w − 128 · Σw` per lane, all exact in i32 (the
+/// activations are in -127..=127, so `x ^ 0x80` is `x + 128` as u8). Prepared as
+/// `(w, −128 · Σw per lane)`.
+#[target_feature(enable = "avx2,avx512vnni,avx512vl")]
+#[inline]
+fn q8_prep_vnni(w: __m256i) -> (__m256i, __m256i) {
+    let zero = _mm256_setzero_si256();
+    let sum128 = _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(-128), w);
+    (w, _mm256_sub_epi32(zero, sum128))
+}
+
+#[target_feature(enable = "avx2,avx512vnni,avx512vl")]
+#[inline]
+fn q8_dot_vnni(w: (__m256i, __m256i), x: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(w.1, _mm256_xor_si256(x, _mm256_set1_epi8(-128)), w.0)
+}
 
 /// Validated views of the rows and tokens of one quantized tile.
 struct Tile<'a, const R: usize, const T: usize> {
