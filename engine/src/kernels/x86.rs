@@ -1,6 +1,8 @@
 //! x86-64 backends: AVX2 (+FMA, F16C) and AVX512-VNNI (256-bit `vpdpbusd`). Both are stamped out
-//! from one macro and differ only in the 32-byte `u8 × i8 → 8 × i32` dot step; the float work
-//! follows the exact order defined in `scalar.rs`, so all backends agree bit for bit.
+//! from one macro and differ only in the 32-byte `u8 × i8 → 8 × i32` dot steps (Q8_0 uses the
+//! sign trick with AVX2 and an exact +128 offset with VNNI) and in the row tile height; the
+//! integer lane sums are exact and the float work follows the order defined in `scalar.rs`, so
+//! all backends agree bit for bit.
 //!
 //! Register micro-kernels compute an R-rows × T-tokens tile: each weight block is loaded and
 //! unpacked once per tile and used for all T tokens, and each activation block is used for all
@@ -412,11 +414,11 @@ fn chunk_scales<const R: usize, const T: usize>(
     nb: usize,
 ) -> [[[f32; 8]; T]; R] {
     let mut sc = [[[0f32; 8]; T]; R];
-    for r in 0..R {
-        let dw = load_f16x8(rows[r].d, b0, nb);
-        for t in 0..T {
-            // SAFETY: `sc[r][t]` has room for 8 f32s; unaligned store.
-            unsafe { _mm256_storeu_ps(sc[r][t].as_mut_ptr(), _mm256_mul_ps(dw, tok.xd8(t, b0))) };
+    for (row, sc) in rows.iter().zip(sc.iter_mut()) {
+        let dw = load_f16x8(row.d, b0, nb);
+        for (t, sc) in sc.iter_mut().enumerate() {
+            // SAFETY: `sc` has room for 8 f32s; unaligned store.
+            unsafe { _mm256_storeu_ps(sc.as_mut_ptr(), _mm256_mul_ps(dw, tok.xd8(t, b0))) };
         }
     }
     sc
