@@ -15,23 +15,29 @@
 //! # Exact float semantics (batch invariance)
 //! Every backend (scalar, AVX2, AVX512-VNNI) computes, for each (row, token) pair, *exactly* the
 //! same float operations in the same order, whatever the batch size, tile shape, remainder or
-//! thread count, so results are bit-identical across all of them:
+//! thread count, so results are bit-identical across all of them (and across machines):
 //!
-//! - Quantized weights: for each block `b` in order and each lane `k` in `0..8`, let
-//!   `L[k] = Σ_{i=4k}^{4k+3} qw[i]·qx[i]` (an exact `i32`; `qw` is the raw nibble `0..=15` for Q4
-//!   and the `i8` for Q8_0; element `i` of a Q4 block is the low nibble of `qs[i]` for `i < 16`
-//!   and the high nibble of `qs[i - 16]` otherwise). Then
-//!   `acc[k] = fma(L[k] as f32, dw_b · dx_b, acc[k])`.
-//!   Q4 formats add the offset term in 8 more lanes: `macc[b % 8] = fma(mw_b, s_b, macc[b % 8])`
-//!   with `mw = m` for Q4_1 and `mw = -8·d` for Q4_0 (so `value = d·q + mw` in both cases).
+//! - Quantized weights: eight f32 lanes `acc[0..8]` start at `+0.0`. Blocks are taken in chunks
+//!   of 8, in order. For Q4 formats, each chunk first adds its offset terms, one lane per block:
+//!   `acc[k] = fma(mw_{b0+k}, s_{b0+k}, acc[k])` with `mw = m` for Q4_1 and `mw = -8·d` for Q4_0
+//!   (so `value = d·q + mw` in both cases) and `s = dx · Σqx`. Then, for each block `b` of the
+//!   chunk in order and each lane `k`, with `L[k] = Σ_{i=4k}^{4k+3} qw[i]·qx[i]` (an exact
+//!   `i32`; `qw` is the raw nibble `0..=15` for Q4 and the `i8` for Q8_0; element `i` of a Q4
+//!   block is the low nibble of `qs[i]` for `i < 16` and the high nibble of `qs[i - 16]`
+//!   otherwise): `acc[k] = fma(L[k] as f32, dw_b · dx_b, acc[k])`.
 //! - F32 weights: `acc[i % 8] = fma(w[i], x[i], acc[i % 8])` for each column `i` in order.
-//! - The result is `hsum(acc)` (`+ hsum(macc)` for Q4), with
-//!   `hsum(v) = ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))`.
+//! - The result is `hsum(acc) = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))`.
 //!
 //! # Performance
-//! Kernels loop over weight rows outermost and reuse each row (kept in L1, chunks of rows at a
-//! time) across all tokens, with an R-rows × T-tokens register micro-kernel: 4 × 1 for single
-//! tokens (decode), 2 × 4 for token tiles (batched decode, prefill).
+//! Kernels loop over weight rows outermost, a chunk of rows (~24 KiB, kept in L1/L2) at a time,
+//! and reuse it across all tokens with an R-rows × T-tokens register micro-kernel: 4 × 1 for
+//! single tokens (decode) and 4 × 4 (VNNI) or 2 × 4 (AVX2) for token tiles (batched decode,
+//! prefill); leftover tokens use 4 × 1 and leftover rows 1 × T.
+//!
+//! The backend is detected once at runtime; `CLEAVE_SIMD=scalar|avx2` caps it (for testing).
+//! Activations whose width is not a multiple of 32 are not quantized and may only be used with
+//! F32 matrices (a quantized matrix never has such a width, so `matmul`'s shape check rejects
+//! the pair).
 
 mod activations;
 mod scalar;
@@ -178,7 +184,7 @@ impl QMatrix {
         cols: usize,
         bytes: &[u8],
     ) -> Result<QMatrix, KernelError> {
-        if ty.is_quantized() && cols % QK != 0 {
+        if ty.is_quantized() && !cols.is_multiple_of(QK) {
             return Err(KernelError::ColsNotBlockAligned { ty, cols });
         }
         let expected = rows
@@ -253,7 +259,7 @@ impl QMatrix {
     /// random models.
     pub fn quantize_q8_0(rows: usize, cols: usize, data: &[f32]) -> Result<QMatrix, KernelError> {
         let ty = WeightType::Q8_0;
-        if cols % QK != 0 {
+        if !cols.is_multiple_of(QK) {
             return Err(KernelError::ColsNotBlockAligned { ty, cols });
         }
         let expected = rows
@@ -367,7 +373,7 @@ impl QMatrix {
     pub fn slice_cols(&self, start: usize, end: usize) -> Result<QMatrix, KernelError> {
         let bad = start > end
             || end > self.cols
-            || (self.ty.is_quantized() && (start % QK != 0 || end % QK != 0));
+            || (self.ty.is_quantized() && (!start.is_multiple_of(QK) || !end.is_multiple_of(QK)));
         if bad {
             return Err(KernelError::BadColumnRange {
                 ty: self.ty,

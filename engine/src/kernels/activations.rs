@@ -40,7 +40,7 @@ impl Activations {
         self.cols = cols;
         self.x.clear();
         self.x.extend_from_slice(x);
-        self.quantized = cols % QK == 0;
+        self.quantized = cols.is_multiple_of(QK);
         if !self.quantized {
             return;
         }

@@ -20,9 +20,9 @@ pub(super) fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
     (d, sum)
 }
 
-/// `((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))`, the order of the SIMD reduction.
+/// `((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7))`, the order of the SIMD reduction.
 pub(super) fn hsum(v: &[f32; 8]) -> f32 {
-    ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]))
+    ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]))
 }
 
 /// Nibble `i` (0..32) of a Q4 block's 16 `qs` bytes.
@@ -37,26 +37,29 @@ fn nibble(qs: &[u8], i: usize) -> u8 {
 /// One (row, token) dot product of a Q4_0 / Q4_1 row with quantized activations.
 pub(super) fn dot_q4(row: PackedRow<'_>, xq: &[i8], xd: &[f32], xs: &[f32], nb: usize) -> f32 {
     let mut acc = [0f32; 8];
-    for b in 0..nb {
-        let scale = f16_at(row.d, b) * xd[b];
-        let qs = &row.qs[b * 16..(b + 1) * 16];
-        let xb = &xq[b * QK..(b + 1) * QK];
-        for (k, a) in acc.iter_mut().enumerate() {
-            let l: i32 = (4 * k..4 * k + 4)
-                .map(|i| nibble(qs, i) as i32 * xb[i] as i32)
-                .sum();
-            *a = (l as f32).mul_add(scale, *a);
+    for b0 in (0..nb).step_by(8) {
+        let chunk = b0..nb.min(b0 + 8);
+        // The offset term of the chunk's blocks, lane k for block b0 + k.
+        for b in chunk.clone() {
+            let mw = match row.m {
+                Some(m) => f16_at(m, b),
+                None => -8.0 * f16_at(row.d, b),
+            };
+            acc[b - b0] = mw.mul_add(xs[b], acc[b - b0]);
+        }
+        for b in chunk {
+            let scale = f16_at(row.d, b) * xd[b];
+            let qs = &row.qs[b * 16..(b + 1) * 16];
+            let xb = &xq[b * QK..(b + 1) * QK];
+            for (k, a) in acc.iter_mut().enumerate() {
+                let l: i32 = (4 * k..4 * k + 4)
+                    .map(|i| nibble(qs, i) as i32 * xb[i] as i32)
+                    .sum();
+                *a = (l as f32).mul_add(scale, *a);
+            }
         }
     }
-    let mut macc = [0f32; 8];
-    for b in 0..nb {
-        let mw = match row.m {
-            Some(m) => f16_at(m, b),
-            None => -8.0 * f16_at(row.d, b),
-        };
-        macc[b % 8] = mw.mul_add(xs[b], macc[b % 8]);
-    }
-    hsum(&acc) + hsum(&macc)
+    hsum(&acc)
 }
 
 /// One (row, token) dot product of a Q8_0 row with quantized activations.

@@ -1,6 +1,8 @@
 //! x86-64 backends: AVX2 (+FMA, F16C) and AVX512-VNNI (256-bit `vpdpbusd`). Both are stamped out
-//! from one macro and differ only in the 32-byte `u8 × i8 → 8 × i32` dot step; the float work
-//! follows the exact order defined in `scalar.rs`, so all backends agree bit for bit.
+//! from one macro and differ only in the 32-byte `u8 × i8 → 8 × i32` dot steps (Q8_0 uses the
+//! sign trick with AVX2 and an exact +128 offset with VNNI) and in the row tile height; the
+//! integer lane sums are exact and the float work follows the order defined in `scalar.rs`, so
+//! all backends agree bit for bit.
 //!
 //! Register micro-kernels compute an R-rows × T-tokens tile: each weight block is loaded and
 //! unpacked once per tile and used for all T tokens, and each activation block is used for all
@@ -9,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{Activations, PackedRow, QMatrix};
+use super::{Activations, OutPtr, PackedRow, QMatrix, QK};
 
 /// The AVX2 integer dot: `maddubs` (u8 × i8 → pairs of i16; at most 2·255·127 never happens
 /// here: Q4 nibbles are <= 15 and Q8 uses |w| <= 128 against |x| <= 127, so no saturation) then
@@ -44,13 +46,59 @@ fn load_f16x8(bytes: &[u8], b: usize, nb: usize) -> __m256 {
     unsafe { _mm256_cvtph_ps(_mm_loadu_si128(src.as_ptr().cast())) }
 }
 
-/// `((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7))`, as `scalar::hsum`.
+/// `((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7))`, as `scalar::hsum`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 fn hsum(v: __m256) -> f32 {
-    let s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps::<0x55>(s2, s2)))
+    let h = _mm256_hadd_ps(v, v);
+    let h = _mm256_hadd_ps(h, h);
+    _mm_cvtss_f32(_mm_add_ss(
+        _mm256_castps256_ps128(h),
+        _mm256_extractf128_ps::<1>(h),
+    ))
+}
+
+/// `[hsum(a), hsum(b), hsum(c), hsum(d)]` with the same order of additions as [`hsum`].
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn hsum4(a: __m256, b: __m256, c: __m256, d: __m256) -> [f32; 4] {
+    let q = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    let s = _mm_add_ps(_mm256_castps256_ps128(q), _mm256_extractf128_ps::<1>(q));
+    let mut v = [0f32; 4];
+    // SAFETY: `v` has room for 4 f32s; unaligned store.
+    unsafe { _mm_storeu_ps(v.as_mut_ptr(), s) };
+    v
+}
+
+/// Reduces and writes the accumulators of rows `r0..r0 + R` × tokens `t0..t0 + T`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn finish<const R: usize, const T: usize>(
+    acc: &[[__m256; T]; R],
+    rows: usize,
+    r0: usize,
+    t0: usize,
+    out: OutPtr,
+) {
+    if T == 4 {
+        for (r, a) in acc.iter().enumerate() {
+            let v = hsum4(a[0], a[1], a[2], a[3]);
+            for (t, v) in v.into_iter().enumerate() {
+                out.write((t0 + t) * rows + r0 + r, v);
+            }
+        }
+    } else if R == 4 && T == 1 {
+        let v = hsum4(acc[0][0], acc[1][0], acc[2][0], acc[3][0]);
+        for (r, v) in v.into_iter().enumerate() {
+            out.write(t0 * rows + r0 + r, v);
+        }
+    } else {
+        for (r, a) in acc.iter().enumerate() {
+            for (t, &a) in a.iter().enumerate() {
+                out.write((t0 + t) * rows + r0 + r, hsum(a));
+            }
+        }
+    }
 }
 
 /// Unpacks the 16 `qs` bytes at `p` to 32 nibbles in element order (low nibbles then high).
@@ -67,160 +115,133 @@ unsafe fn unpack_q4(p: *const u8) -> __m256i {
 }
 
 macro_rules! backend {
-    ($name:ident, $feat:literal, $dot:ident) => {
+    ($name:ident, $feat:literal, $rt:literal, $dot:ident, $q8prep:ident, $q8dot:ident) => {
         pub(super) mod $name {
             use std::arch::x86_64::*;
             use std::ops::Range;
 
-            use super::super::{Activations, OutPtr, QMatrix, WeightType, QK};
-            use super::{hsum, load_f16x8, q4_m_term, unpack_q4, $dot, Tile};
+            use super::super::{Activations, OutPtr, QMatrix, WeightType};
+            use super::{chunk_scales, finish, load_f16x8, packed_rows, unpack_q4, Tokens};
+            use super::{$dot, $q8dot, $q8prep};
 
-            /// Q4_0 / Q4_1 tile of rows `r0..r0 + R` × tokens `t0..t0 + T`.
+            /// Q4_0 / Q4_1 tile of rows `r0..r0 + R` × the tokens of `tok`.
             #[target_feature(enable = $feat)]
             fn tile_q4<const R: usize, const T: usize>(
                 m: &QMatrix,
                 r0: usize,
-                x: &Activations,
-                t0: usize,
+                tok: &Tokens<'_, T>,
                 out: OutPtr,
             ) {
-                let tile = Tile::<R, T>::new(m, r0, x, t0);
+                let (rows, qs) = packed_rows::<R>(m, r0);
                 let nb = m.nb;
                 let mut acc = [[_mm256_setzero_ps(); T]; R];
                 let mut b0 = 0;
                 while b0 < nb {
-                    let n = (nb - b0).min(8);
-                    let mut sc = [[[0f32; 8]; T]; R];
+                    // The offset term, lane k for block b0 + k.
                     for r in 0..R {
-                        let dw = load_f16x8(tile.rows[r].d, b0, nb);
+                        let mw = match rows[r].m {
+                            Some(mb) => load_f16x8(mb, b0, nb),
+                            None => {
+                                _mm256_mul_ps(load_f16x8(rows[r].d, b0, nb), _mm256_set1_ps(-8.0))
+                            }
+                        };
                         for t in 0..T {
-                            let dx = tile.xd8(t, b0);
-                            // SAFETY: `sc[r][t]` has room for 8 f32s; unaligned store.
-                            unsafe {
-                                _mm256_storeu_ps(sc[r][t].as_mut_ptr(), _mm256_mul_ps(dw, dx))
-                            };
+                            acc[r][t] = _mm256_fmadd_ps(mw, tok.s8(t, b0), acc[r][t]);
                         }
                     }
-                    for j in 0..n {
+                    let mut sc = chunk_scales(&rows, tok, b0, nb);
+                    // Keep the scales in memory so that they are broadcast by loads (free, or
+                    // folded into the FMA) rather than by register shuffles.
+                    std::hint::black_box(&mut sc);
+                    for j in 0..(nb - b0).min(8) {
                         let b = b0 + j;
                         let mut w = [_mm256_setzero_si256(); R];
                         for r in 0..R {
                             // SAFETY: `b < nb` and each row's qs holds `16 · nb` bytes
-                            // (checked in `Tile::new`).
-                            w[r] = unsafe { unpack_q4(tile.qs[r].add(16 * b)) };
+                            // (checked in `packed_rows`).
+                            w[r] = unsafe { unpack_q4(qs[r].add(16 * b)) };
                         }
                         for t in 0..T {
-                            let xv = tile.xq32(t, b);
+                            let xv = tok.xq32(t, b);
                             for r in 0..R {
                                 let l = _mm256_cvtepi32_ps($dot(w[r], xv));
-                                let s = _mm256_set1_ps(sc[r][t][j]);
+                                let s = _mm256_broadcast_ss(&sc[r][t][j]);
                                 acc[r][t] = _mm256_fmadd_ps(l, s, acc[r][t]);
                             }
                         }
                     }
                     b0 += 8;
                 }
-                for r in 0..R {
-                    for t in 0..T {
-                        let v = hsum(acc[r][t]) + q4_m_term(&tile, r, t, nb);
-                        out.write((t0 + t) * m.rows + r0 + r, v);
-                    }
-                }
+                finish(&acc, m.rows, r0, tok.t0, out);
             }
 
-            /// Q8_0 tile of rows `r0..r0 + R` × tokens `t0..t0 + T` (sign trick: |w| × ±x).
+            /// Q8_0 tile of rows `r0..r0 + R` × the tokens of `tok`.
             #[target_feature(enable = $feat)]
             fn tile_q8<const R: usize, const T: usize>(
                 m: &QMatrix,
                 r0: usize,
-                x: &Activations,
-                t0: usize,
+                tok: &Tokens<'_, T>,
                 out: OutPtr,
             ) {
-                let tile = Tile::<R, T>::new(m, r0, x, t0);
+                let (rows, qs) = packed_rows::<R>(m, r0);
                 let nb = m.nb;
                 let mut acc = [[_mm256_setzero_ps(); T]; R];
                 let mut b0 = 0;
                 while b0 < nb {
-                    let n = (nb - b0).min(8);
-                    let mut sc = [[[0f32; 8]; T]; R];
-                    for r in 0..R {
-                        let dw = load_f16x8(tile.rows[r].d, b0, nb);
-                        for t in 0..T {
-                            let dx = tile.xd8(t, b0);
-                            // SAFETY: `sc[r][t]` has room for 8 f32s; unaligned store.
-                            unsafe {
-                                _mm256_storeu_ps(sc[r][t].as_mut_ptr(), _mm256_mul_ps(dw, dx))
-                            };
-                        }
-                    }
-                    for j in 0..n {
+                    let mut sc = chunk_scales(&rows, tok, b0, nb);
+                    // See `tile_q4`.
+                    std::hint::black_box(&mut sc);
+                    for j in 0..(nb - b0).min(8) {
                         let b = b0 + j;
-                        let mut w = [_mm256_setzero_si256(); R];
-                        let mut aw = [_mm256_setzero_si256(); R];
+                        let mut w = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
                         for r in 0..R {
                             // SAFETY: `b < nb` and each row's qs holds `32 · nb` bytes
-                            // (checked in `Tile::new`); unaligned load.
-                            w[r] = unsafe { _mm256_loadu_si256(tile.qs[r].add(32 * b).cast()) };
-                            aw[r] = _mm256_abs_epi8(w[r]);
+                            // (checked in `packed_rows`); unaligned load.
+                            let v = unsafe { _mm256_loadu_si256(qs[r].add(32 * b).cast()) };
+                            w[r] = $q8prep(v);
                         }
                         for t in 0..T {
-                            let xv = tile.xq32(t, b);
+                            let xv = tok.xq32(t, b);
                             for r in 0..R {
-                                let sx = _mm256_sign_epi8(xv, w[r]);
-                                let l = _mm256_cvtepi32_ps($dot(aw[r], sx));
-                                let s = _mm256_set1_ps(sc[r][t][j]);
+                                let l = _mm256_cvtepi32_ps($q8dot(w[r], xv));
+                                let s = _mm256_broadcast_ss(&sc[r][t][j]);
                                 acc[r][t] = _mm256_fmadd_ps(l, s, acc[r][t]);
                             }
                         }
                     }
                     b0 += 8;
                 }
-                for r in 0..R {
-                    for t in 0..T {
-                        out.write((t0 + t) * m.rows + r0 + r, hsum(acc[r][t]));
-                    }
-                }
+                finish(&acc, m.rows, r0, tok.t0, out);
             }
 
-            /// F32 tile of rows `r0..r0 + R` × tokens `t0..t0 + T`.
+            /// F32 tile of rows `r0..r0 + R` × the tokens of `tok`.
             #[target_feature(enable = $feat)]
             fn tile_f32<const R: usize, const T: usize>(
                 m: &QMatrix,
                 r0: usize,
-                x: &Activations,
-                t0: usize,
+                tok: &Tokens<'_, T>,
                 out: OutPtr,
             ) {
-                let cols = m.cols;
                 let mut wr = [&[][..]; R];
                 for (r, w) in wr.iter_mut().enumerate() {
                     *w = m.f32_row(r0 + r);
                 }
-                let mut xr = [&[][..]; T];
-                for (t, xt) in xr.iter_mut().enumerate() {
-                    *xt = x.x_row(t0 + t);
-                }
                 let mut acc = [[_mm256_setzero_ps(); T]; R];
                 let mut c = 0;
-                while c < cols {
+                while c < m.cols {
                     let mut w = [_mm256_setzero_ps(); R];
                     for r in 0..R {
                         w[r] = load_f32x8(wr[r], c);
                     }
                     for t in 0..T {
-                        let xv = load_f32x8(xr[t], c);
+                        let xv = load_f32x8(tok.xf[t], c);
                         for r in 0..R {
                             acc[r][t] = _mm256_fmadd_ps(w[r], xv, acc[r][t]);
                         }
                     }
                     c += 8;
                 }
-                for r in 0..R {
-                    for t in 0..T {
-                        out.write((t0 + t) * m.rows + r0 + r, hsum(acc[r][t]));
-                    }
-                }
+                finish(&acc, m.rows, r0, tok.t0, out);
             }
 
             /// Loads `v[c..c + 8]`, zero-padded past the end.
@@ -237,18 +258,30 @@ macro_rules! backend {
                 unsafe { _mm256_loadu_ps(src.as_ptr()) }
             }
 
+            /// Rows `rows` × the tokens of `tok`, R rows at a time.
             #[target_feature(enable = $feat)]
-            fn tile<const R: usize, const T: usize>(
+            fn tiles<const R: usize, const T: usize>(
                 m: &QMatrix,
-                r0: usize,
-                x: &Activations,
-                t0: usize,
+                tok: &Tokens<'_, T>,
                 out: OutPtr,
+                rows: Range<usize>,
             ) {
-                match m.ty {
-                    WeightType::F32 => tile_f32::<R, T>(m, r0, x, t0, out),
-                    WeightType::Q8_0 => tile_q8::<R, T>(m, r0, x, t0, out),
-                    WeightType::Q4_0 | WeightType::Q4_1 => tile_q4::<R, T>(m, r0, x, t0, out),
+                let mut r = rows.start;
+                while r + R <= rows.end {
+                    match m.ty {
+                        WeightType::F32 => tile_f32::<R, T>(m, r, tok, out),
+                        WeightType::Q8_0 => tile_q8::<R, T>(m, r, tok, out),
+                        WeightType::Q4_0 | WeightType::Q4_1 => tile_q4::<R, T>(m, r, tok, out),
+                    }
+                    r += R;
+                }
+                while r < rows.end {
+                    match m.ty {
+                        WeightType::F32 => tile_f32::<1, T>(m, r, tok, out),
+                        WeightType::Q8_0 => tile_q8::<1, T>(m, r, tok, out),
+                        WeightType::Q4_0 | WeightType::Q4_1 => tile_q4::<1, T>(m, r, tok, out),
+                    }
+                    r += 1;
                 }
             }
 
@@ -262,27 +295,11 @@ macro_rules! backend {
                 t0: usize,
                 nt: usize,
             ) {
-                debug_assert!(m.ty == WeightType::F32 || m.cols % QK == 0);
                 if nt == 4 {
-                    let mut r = rows.start;
-                    while r + 2 <= rows.end {
-                        tile::<2, 4>(m, r, x, t0, out);
-                        r += 2;
-                    }
-                    if r < rows.end {
-                        tile::<1, 4>(m, r, x, t0, out);
-                    }
+                    tiles::<$rt, 4>(m, &Tokens::new(m, x, t0), out, rows);
                 } else {
                     for t in t0..t0 + nt {
-                        let mut r = rows.start;
-                        while r + 4 <= rows.end {
-                            tile::<4, 1>(m, r, x, t, out);
-                            r += 4;
-                        }
-                        while r < rows.end {
-                            tile::<1, 1>(m, r, x, t, out);
-                            r += 1;
-                        }
+                        tiles::<4, 1>(m, &Tokens::new(m, x, t), out, rows.clone());
                     }
                 }
             }
@@ -290,63 +307,85 @@ macro_rules! backend {
     };
 }
 
-backend!(avx2, "avx2,fma,f16c", dot_avx2);
-backend!(vnni, "avx2,fma,f16c,avx512vnni,avx512vl", dot_vnni);
+backend!(
+    avx2,
+    "avx2,fma,f16c",
+    2,
+    dot_avx2,
+    q8_prep_avx2,
+    q8_dot_avx2
+);
+backend!(
+    vnni,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    4,
+    dot_vnni,
+    q8_prep_vnni,
+    q8_dot_vnni
+);
 
-/// Validated views of the rows and tokens of one quantized tile.
-struct Tile<'a, const R: usize, const T: usize> {
-    rows: [PackedRow<'a>; R],
-    qs: [*const u8; R],
-    xq: [*const i8; T],
-    xd: [&'a [f32]; T],
-    xs: [&'a [f32]; T],
+/// The rows `r0..r0 + R` of a quantized matrix and pointers to their quants, each checked to
+/// hold `qs_bytes · nb` bytes.
+fn packed_rows<const R: usize>(m: &QMatrix, r0: usize) -> ([PackedRow<'_>; R], [*const u8; R]) {
+    let mut rows = [PackedRow {
+        d: &[],
+        m: None,
+        qs: &[],
+    }; R];
+    let mut qs = [std::ptr::null(); R];
+    for r in 0..R {
+        rows[r] = m.packed_row(r0 + r);
+        assert_eq!(rows[r].qs.len(), m.ty.qs_bytes() * m.nb);
+        qs[r] = rows[r].qs.as_ptr();
+    }
+    (rows, qs)
 }
 
-impl<'a, const R: usize, const T: usize> Tile<'a, R, T> {
-    fn new(m: &'a QMatrix, r0: usize, x: &'a Activations, t0: usize) -> Self {
-        let empty = PackedRow {
-            d: &[],
-            m: None,
-            qs: &[],
+/// Validated views of the activations of tokens `t0..t0 + T`, shared by all row tiles.
+struct Tokens<'a, const T: usize> {
+    t0: usize,
+    /// Quantized rows, each checked to hold `32 · nb` values (quantized matrices only).
+    xq: [*const i8; T],
+    /// Block scales and `d · Σq`, `nb` rounded up to a multiple of 8 long.
+    xd: [&'a [f32]; T],
+    xs: [&'a [f32]; T],
+    /// f32 rows (F32 matrices only).
+    xf: [&'a [f32]; T],
+}
+
+impl<'a, const T: usize> Tokens<'a, T> {
+    fn new(m: &QMatrix, x: &'a Activations, t0: usize) -> Self {
+        let mut tok = Tokens {
+            t0,
+            xq: [std::ptr::null(); T],
+            xd: [&[]; T],
+            xs: [&[]; T],
+            xf: [&[]; T],
         };
-        let mut rows = [empty; R];
-        let mut qs = [std::ptr::null(); R];
-        for r in 0..R {
-            rows[r] = m.packed_row(r0 + r);
-            // The kernels read `qs_bytes · nb` bytes through `qs[r]`.
-            assert_eq!(rows[r].qs.len(), m.ty.qs_bytes() * m.nb);
-            qs[r] = rows[r].qs.as_ptr();
-        }
-        let mut xq = [std::ptr::null(); T];
-        let mut xd = [&[][..]; T];
-        let mut xs = [&[][..]; T];
         for t in 0..T {
-            let q = x.q_row(t0 + t);
-            // The kernels read `32 · nb` bytes through `xq[t]`.
-            assert_eq!(q.len(), QK_NB * m.nb);
-            xq[t] = q.as_ptr();
-            xd[t] = x.d_row(t0 + t);
-            xs[t] = x.s_row(t0 + t);
+            if m.ty.is_quantized() {
+                let q = x.q_row(t0 + t);
+                assert_eq!(q.len(), QK * m.nb);
+                tok.xq[t] = q.as_ptr();
+                tok.xd[t] = x.d_row(t0 + t);
+                tok.xs[t] = x.s_row(t0 + t);
+            } else {
+                tok.xf[t] = x.x_row(t0 + t);
+            }
         }
-        Tile {
-            rows,
-            qs,
-            xq,
-            xd,
-            xs,
-        }
+        tok
     }
 
     /// The 32 quantized activations of token `t`, block `b < nb`.
     #[target_feature(enable = "avx2")]
     #[inline]
     fn xq32(&self, t: usize, b: usize) -> __m256i {
-        // SAFETY: `b < nb` and token rows hold `32 · nb` bytes (checked in `new`); the load is
-        // unaligned.
-        unsafe { _mm256_loadu_si256(self.xq[t].add(QK_NB * b).cast()) }
+        // SAFETY: `b < nb` and token rows hold `32 · nb` values (checked in `new`); the load
+        // is unaligned.
+        unsafe { _mm256_loadu_si256(self.xq[t].add(QK * b).cast()) }
     }
 
-    /// Activation scales of token `t`, blocks `b0..b0 + 8` (rows are padded to a multiple of 8).
+    /// Activation scales of token `t`, blocks `b0..b0 + 8` (zero-padded past `nb`).
     #[target_feature(enable = "avx2")]
     #[inline]
     fn xd8(&self, t: usize, b0: usize) -> __m256 {
@@ -354,32 +393,63 @@ impl<'a, const R: usize, const T: usize> Tile<'a, R, T> {
         // SAFETY: `d` is 8 readable f32s; unaligned load.
         unsafe { _mm256_loadu_ps(d.as_ptr()) }
     }
+
+    /// `d · Σq` of token `t`, blocks `b0..b0 + 8` (zero-padded past `nb`).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn s8(&self, t: usize, b0: usize) -> __m256 {
+        let s = &self.xs[t][b0..b0 + 8];
+        // SAFETY: `s` is 8 readable f32s; unaligned load.
+        unsafe { _mm256_loadu_ps(s.as_ptr()) }
+    }
 }
 
-/// Elements per block, as used for activation row strides.
-const QK_NB: usize = super::QK;
-
-/// The Q4 offset term `hsum(macc)` of (row `r`, token `t`) of a tile.
+/// Per-(row, token) scales `dw · dx` of blocks `b0..b0 + 8` of a tile (zero past `nb`).
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q4_m_term<const R: usize, const T: usize>(
-    tile: &Tile<'_, R, T>,
-    r: usize,
-    t: usize,
+#[inline]
+fn chunk_scales<const R: usize, const T: usize>(
+    rows: &[PackedRow<'_>; R],
+    tok: &Tokens<'_, T>,
+    b0: usize,
     nb: usize,
-) -> f32 {
-    let row = tile.rows[r];
-    let mut macc = _mm256_setzero_ps();
-    let mut b0 = 0;
-    while b0 < nb {
-        let mw = match row.m {
-            Some(mb) => load_f16x8(mb, b0, nb),
-            None => _mm256_mul_ps(load_f16x8(row.d, b0, nb), _mm256_set1_ps(-8.0)),
-        };
-        let s = &tile.xs[t][b0..b0 + 8];
-        // SAFETY: `s` is 8 readable f32s; unaligned load.
-        let s = unsafe { _mm256_loadu_ps(s.as_ptr()) };
-        macc = _mm256_fmadd_ps(mw, s, macc);
-        b0 += 8;
+) -> [[[f32; 8]; T]; R] {
+    let mut sc = [[[0f32; 8]; T]; R];
+    for (row, sc) in rows.iter().zip(sc.iter_mut()) {
+        let dw = load_f16x8(row.d, b0, nb);
+        for (t, sc) in sc.iter_mut().enumerate() {
+            // SAFETY: `sc` has room for 8 f32s; unaligned store.
+            unsafe { _mm256_storeu_ps(sc.as_mut_ptr(), _mm256_mul_ps(dw, tok.xd8(t, b0))) };
+        }
     }
-    hsum(macc)
+    sc
+}
+
+/// Q8_0 with AVX2, sign trick: `|w| × (x · sign(w))`, prepared as `(|w|, w)`.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn q8_prep_avx2(w: __m256i) -> (__m256i, __m256i) {
+    (_mm256_abs_epi8(w), w)
+}
+
+#[target_feature(enable = "avx2")]
+#[inline]
+fn q8_dot_avx2(w: (__m256i, __m256i), x: __m256i) -> __m256i {
+    dot_avx2(w.0, _mm256_sign_epi8(x, w.1))
+}
+
+/// Q8_0 with VNNI, offset trick: `(x + 128) × w − 128 · Σw` per lane, all exact in i32 (the
+/// activations are in -127..=127, so `x ^ 0x80` is `x + 128` as u8). Prepared as
+/// `(w, −128 · Σw per lane)`.
+#[target_feature(enable = "avx2,avx512vnni,avx512vl")]
+#[inline]
+fn q8_prep_vnni(w: __m256i) -> (__m256i, __m256i) {
+    let zero = _mm256_setzero_si256();
+    let sum128 = _mm256_dpbusd_epi32(zero, _mm256_set1_epi8(-128), w);
+    (w, _mm256_sub_epi32(zero, sum128))
+}
+
+#[target_feature(enable = "avx2,avx512vnni,avx512vl")]
+#[inline]
+fn q8_dot_vnni(w: (__m256i, __m256i), x: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(w.1, _mm256_xor_si256(x, _mm256_set1_epi8(-128)), w.0)
 }

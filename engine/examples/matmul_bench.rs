@@ -1,0 +1,176 @@
+//! Matmul throughput bench (no criterion): `cargo run --release -p cleave-engine --example
+//! matmul_bench [threads]`.
+//!
+//! For a Q4_1 576×1536 and a Q8_0 49152×576 (LM head) random matrix, prints GFLOP/s
+//! (2·rows·cols·tokens / time) at 1, 4, 16 and 64 tokens and the per-token time ratio of batch
+//! 1 over batch 16. "hot" repeats one matrix (it stays in cache when small); "streamed" cycles
+//! through copies totalling ~192 MiB, as decode streams every weight from memory once per step.
+//! Finally it estimates whole-model SmolLM2-135M decode speed (30 layers of distinct Q4_1
+//! matrices plus the Q8_0 LM head).
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use cleave_engine::kernels::{simd_path, Activations, QMatrix, Threads, WeightType, QK};
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+fn random_matrix(ty: WeightType, rows: usize, cols: usize, rng: &mut Rng) -> QMatrix {
+    let mut raw = Vec::with_capacity(rows * ty.row_bytes(cols));
+    for _ in 0..rows * cols / QK {
+        let d = half::f16::from_f32(0.01 + 0.01 * rng.f());
+        raw.extend_from_slice(&d.to_bits().to_le_bytes());
+        if ty == WeightType::Q4_1 {
+            raw.extend_from_slice(&half::f16::from_f32(-0.08).to_bits().to_le_bytes());
+        }
+        let n = if ty == WeightType::Q8_0 { 32 } else { 16 };
+        raw.extend((0..n).map(|_| rng.next() as u8));
+    }
+    QMatrix::from_raw(ty, rows, cols, &raw).expect("valid random matrix")
+}
+
+/// Seconds per matmul call, cycling through `mats`: the best of 5 rounds of at least ~80 ms
+/// (the best round is the least disturbed by other processes on a shared machine).
+fn time_per_call(mats: &[QMatrix], x: &Activations, out: &mut [f32], th: &Threads) -> f64 {
+    for m in mats.iter().take(2) {
+        m.matmul(x, out, th);
+    }
+    let mut best = f64::INFINITY;
+    let mut calls = 0usize;
+    for _ in 0..5 {
+        let (mut n, start) = (0usize, Instant::now());
+        while start.elapsed() < Duration::from_millis(80) || n < 2 {
+            let m = &mats[calls % mats.len()];
+            m.matmul(black_box(x), out, th);
+            black_box(&mut *out);
+            calls += 1;
+            n += 1;
+        }
+        best = best.min(start.elapsed().as_secs_f64() / n as f64);
+    }
+    best
+}
+
+fn bench(label: &str, mats: &[QMatrix], th: &Threads, rng: &mut Rng) {
+    let (rows, cols) = (mats[0].rows(), mats[0].cols());
+    let mut per_token = Vec::new();
+    print!("{label:<34}");
+    for n in [1, 4, 16, 64] {
+        let xs: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
+        let mut x = Activations::new();
+        x.set(&xs, n, cols);
+        let mut out = vec![0f32; n * rows];
+        let t = time_per_call(mats, &x, &mut out, th);
+        let gflops = 2.0 * (rows * cols * n) as f64 / t / 1e9;
+        print!("  n={n:<2} {gflops:6.1} GF/s");
+        per_token.push(t / n as f64);
+    }
+    println!("  | t1/t16 per token: {:.2}x", per_token[0] / per_token[2]);
+}
+
+/// SmolLM2-135M linear layers: (rows, cols) of q, k, v, o, gate, up, down.
+const LAYER: [(usize, usize); 7] = [
+    (576, 576),
+    (192, 576),
+    (192, 576),
+    (576, 576),
+    (1536, 576),
+    (1536, 576),
+    (576, 1536),
+];
+
+fn model_tokens_per_s(layers: &[Vec<QMatrix>], head: &QMatrix, n: usize, th: &Threads) -> f64 {
+    let mut rng = Rng(99);
+    let mut x576 = Activations::new();
+    x576.set(&(0..n * 576).map(|_| rng.f()).collect::<Vec<_>>(), n, 576);
+    let mut x1536 = Activations::new();
+    x1536.set(&(0..n * 1536).map(|_| rng.f()).collect::<Vec<_>>(), n, 1536);
+    let mut out = vec![0f32; n * 49152];
+    let step = |out: &mut Vec<f32>| {
+        for layer in layers {
+            for m in layer {
+                let x = if m.cols() == 576 { &x576 } else { &x1536 };
+                m.matmul(x, &mut out[..n * m.rows()], th);
+            }
+        }
+        head.matmul(&x576, &mut out[..n * 49152], th);
+    };
+    step(&mut out);
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let (mut steps, start) = (0, Instant::now());
+        while start.elapsed() < Duration::from_millis(300) || steps < 2 {
+            step(&mut out);
+            steps += 1;
+        }
+        best = best.min(start.elapsed().as_secs_f64() / steps as f64);
+    }
+    n as f64 / best
+}
+
+fn main() {
+    let threads: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(1);
+    let th = Threads::new(threads);
+    let mut rng = Rng(0x5eed);
+    println!("simd path: {}, threads: {}", simd_path(), th.count());
+
+    let q41 = random_matrix(WeightType::Q4_1, 576, 1536, &mut rng);
+    let copies = (192 << 20) / (576 * 1536 / QK * 20);
+    let q41_many: Vec<QMatrix> = (0..copies).map(|_| q41.clone()).collect();
+    bench(
+        "Q4_1 576x1536 hot",
+        std::slice::from_ref(&q41),
+        &th,
+        &mut rng,
+    );
+    bench(
+        &format!("Q4_1 576x1536 streamed ({copies} copies)"),
+        &q41_many,
+        &th,
+        &mut rng,
+    );
+    drop(q41_many);
+
+    let q8 = random_matrix(WeightType::Q8_0, 576, 1536, &mut rng);
+    bench(
+        "Q8_0 576x1536 hot",
+        std::slice::from_ref(&q8),
+        &th,
+        &mut rng,
+    );
+    let head = random_matrix(WeightType::Q8_0, 49152, 576, &mut rng);
+    bench(
+        "Q8_0 49152x576 (LM head)",
+        std::slice::from_ref(&head),
+        &th,
+        &mut rng,
+    );
+
+    let layers: Vec<Vec<QMatrix>> = (0..30)
+        .map(|_| {
+            LAYER
+                .iter()
+                .map(|&(r, c)| random_matrix(WeightType::Q4_1, r, c, &mut rng))
+                .collect()
+        })
+        .collect();
+    for n in [1, 16, 64] {
+        let tps = model_tokens_per_s(&layers, &head, n, &th);
+        println!("SmolLM2-135M shapes (Q4_1 + Q8_0 head), batch {n:>2}: {tps:7.1} tokens/s");
+    }
+}
