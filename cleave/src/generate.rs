@@ -87,7 +87,11 @@ pub fn chat_prompt(loaded: &Loaded, messages: &[ChatMessage]) -> anyhow::Result<
 }
 
 fn start(loaded: &Loaded) -> Engine {
-    Engine::start(loaded.model.clone(), loaded.tokenizer.clone(), EngineConfig::default())
+    Engine::start(
+        loaded.model.clone(),
+        loaded.tokenizer.clone(),
+        EngineConfig::default(),
+    )
 }
 
 /// Streams one request's text to `out` (when given); returns (generated ids, text, usage).
@@ -107,7 +111,9 @@ fn run_one(
                     ids.push(id);
                     text
                 }
-                SeqEvent::Done { usage, text: tail, .. } => {
+                SeqEvent::Done {
+                    usage, text: tail, ..
+                } => {
                     text.push_str(&tail);
                     if let Some(o) = out.as_deref_mut() {
                         write!(o, "{tail}")?;
@@ -129,7 +135,10 @@ fn run_one(
 pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let loaded = crate::load::load(&args.model)?;
     let prompt = if args.chat {
-        let msg = ChatMessage { role: "user".into(), content: args.prompt.clone() };
+        let msg = ChatMessage {
+            role: "user".into(),
+            content: args.prompt.clone(),
+        };
         chat_prompt(&loaded, &[msg])?
     } else {
         loaded.encode_text(&args.prompt)
@@ -156,7 +165,10 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
     let engine = start(&loaded);
     let mut messages = Vec::new();
     if let Some(s) = &args.system {
-        messages.push(ChatMessage { role: "system".into(), content: s.clone() });
+        messages.push(ChatMessage {
+            role: "system".into(),
+            content: s.clone(),
+        });
     }
     let stdin = std::io::stdin();
     let stdout = std::io::stdout();
@@ -166,11 +178,17 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
         if stdin.lock().read_line(&mut line)? == 0 || line.trim().is_empty() {
             return Ok(());
         }
-        messages.push(ChatMessage { role: "user".into(), content: line.trim_end().to_string() });
+        messages.push(ChatMessage {
+            role: "user".into(),
+            content: line.trim_end().to_string(),
+        });
         let prompt = chat_prompt(&loaded, &messages)?;
         let mut lock = stdout.lock();
         let (_, text, _) = run_one(&engine, prompt, args.sampling.params(), Some(&mut lock))?;
         writeln!(lock)?;
-        messages.push(ChatMessage { role: "assistant".into(), content: text });
+        messages.push(ChatMessage {
+            role: "assistant".into(),
+            content: text,
+        });
     }
 }

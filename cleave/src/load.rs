@@ -12,6 +12,10 @@ pub fn load(args: &ModelArgs) -> anyhow::Result<Loaded> {
         Some(p) => p.clone(),
         None => crate::fetch::fetch_default_model(false)?,
     };
-    let threads = if args.threads <= 1 { Threads::single() } else { Threads::new(args.threads) };
+    let threads = if args.threads <= 1 {
+        Threads::single()
+    } else {
+        Threads::new(args.threads)
+    };
     Loaded::open(&path, threads).with_context(|| format!("loading {}", path.display()))
 }

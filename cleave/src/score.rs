@@ -33,12 +33,22 @@ pub fn score(args: ScoreArgs) -> anyhow::Result<()> {
         .with_context(|| format!("reading {}", args.file.display()))?;
     let loaded = crate::load::load(&args.model)?;
     let tokens = loaded.tokenizer.encode(&text, false);
-    anyhow::ensure!(tokens.len() >= 2, "{} has fewer than 2 tokens", args.file.display());
+    anyhow::ensure!(
+        tokens.len() >= 2,
+        "{} has fewer than 2 tokens",
+        args.file.display()
+    );
     let s = score_tokens(&loaded.model, tokens, args.chunk, args.kv_dtype);
     if args.json {
         println!("{}", serde_json::to_string(&s)?);
     } else {
-        println!("tokens {}  scored {}  nll_sum {:.3}  ppl {:.4}", s.tokens.len(), s.n_scored, s.nll_sum, s.ppl);
+        println!(
+            "tokens {}  scored {}  nll_sum {:.3}  ppl {:.4}",
+            s.tokens.len(),
+            s.n_scored,
+            s.nll_sum,
+            s.ppl
+        );
     }
     Ok(())
 }

@@ -18,8 +18,8 @@
 //! [`hash`] for the exact definition.
 
 pub mod events;
-pub mod memory;
 pub mod hash;
+pub mod memory;
 pub mod pool;
 
 #[cfg(test)]

@@ -47,7 +47,10 @@ impl SamplingParams {
     /// Checks value ranges; the error names the field.
     pub fn validate(&self) -> Result<(), String> {
         if !(0.0..=2.0).contains(&self.temperature) || self.temperature.is_nan() {
-            return Err(format!("temperature must be in [0, 2], got {}", self.temperature));
+            return Err(format!(
+                "temperature must be in [0, 2], got {}",
+                self.temperature
+            ));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
@@ -151,11 +154,20 @@ impl Sampler {
                 let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
                 let k = n.min(idx.len());
                 idx.select_nth_unstable_by(k - 1, |a, b| {
-                    logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b))
+                    logits[*b as usize]
+                        .total_cmp(&logits[*a as usize])
+                        .then(a.cmp(b))
                 });
                 idx.truncate(k);
-                idx.sort_by(|a, b| logits[*b as usize].total_cmp(&logits[*a as usize]).then(a.cmp(b)));
-                top = idx.into_iter().map(|i| (i, logits[i as usize] - lse)).collect();
+                idx.sort_by(|a, b| {
+                    logits[*b as usize]
+                        .total_cmp(&logits[*a as usize])
+                        .then(a.cmp(b))
+                });
+                top = idx
+                    .into_iter()
+                    .map(|i| (i, logits[i as usize] - lse))
+                    .collect();
             }
             TokenLogprob {
                 token,
@@ -169,7 +181,12 @@ impl Sampler {
     fn sample_random(&mut self, logits: &[f32], p: &SamplingParams) -> u32 {
         let c = &mut self.scratch;
         c.clear();
-        c.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l / p.temperature)));
+        c.extend(
+            logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, l / p.temperature)),
+        );
         let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         if p.top_k > 0 && p.top_k < c.len() {
             c.select_nth_unstable_by(p.top_k - 1, by_logit);
@@ -220,7 +237,11 @@ mod tests {
     #[test]
     fn seeded_sampling_is_reproducible_and_respects_top_k() {
         let logits: Vec<f32> = (0..100).map(|i| (i % 7) as f32 * 0.5).collect();
-        let p = SamplingParams { temperature: 1.0, top_k: 3, ..Default::default() };
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_k: 3,
+            ..Default::default()
+        };
         let draw = |seed| {
             let mut s = Sampler::new(seed);
             (0..50).map(|_| s.sample(&logits, &p).0).collect::<Vec<_>>()
@@ -228,13 +249,21 @@ mod tests {
         assert_eq!(draw(7), draw(7));
         assert_ne!(draw(7), draw(8));
         // top-3 of logits with value 3.0 (i % 7 == 6): ids 6, 13, 20.
-        assert!(draw(7).iter().all(|t| [6, 13, 20].contains(t)), "{:?}", draw(7));
+        assert!(
+            draw(7).iter().all(|t| [6, 13, 20].contains(t)),
+            "{:?}",
+            draw(7)
+        );
     }
 
     #[test]
     fn top_p_keeps_only_the_nucleus() {
         let logits = [10.0, 0.0, 0.0, 0.0];
-        let p = SamplingParams { temperature: 1.0, top_p: 0.5, ..Default::default() };
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_p: 0.5,
+            ..Default::default()
+        };
         let mut s = Sampler::new(3);
         assert!((0..100).all(|_| s.sample(&logits, &p).0 == 0));
     }
@@ -243,7 +272,10 @@ mod tests {
     fn temperature_sampling_follows_the_distribution() {
         // p = softmax([ln 1, ln 3]) = [0.25, 0.75]
         let logits = [0.0, 3f32.ln()];
-        let p = SamplingParams { temperature: 1.0, ..Default::default() };
+        let p = SamplingParams {
+            temperature: 1.0,
+            ..Default::default()
+        };
         let mut s = Sampler::new(42);
         let ones = (0..4000).filter(|_| s.sample(&logits, &p).0 == 1).count();
         assert!((2800..3200).contains(&ones), "{ones} of 4000");
@@ -252,7 +284,10 @@ mod tests {
     #[test]
     fn logprobs_are_normalised_and_sorted() {
         let logits = [1.0, 2.0, 3.0, 0.5];
-        let p = SamplingParams { logprobs: Some(2), ..Default::default() };
+        let p = SamplingParams {
+            logprobs: Some(2),
+            ..Default::default()
+        };
         let (t, lp) = Sampler::new(0).sample(&logits, &p);
         let lp = lp.unwrap();
         assert_eq!(t, 2);
@@ -263,9 +298,15 @@ mod tests {
 
     #[test]
     fn validation_names_the_field() {
-        let bad = SamplingParams { top_p: 0.0, ..Default::default() };
+        let bad = SamplingParams {
+            top_p: 0.0,
+            ..Default::default()
+        };
         assert!(bad.validate().unwrap_err().contains("top_p"));
-        let bad = SamplingParams { temperature: 3.0, ..Default::default() };
+        let bad = SamplingParams {
+            temperature: 3.0,
+            ..Default::default()
+        };
         assert!(bad.validate().unwrap_err().contains("temperature"));
     }
 }

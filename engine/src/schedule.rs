@@ -259,7 +259,9 @@ impl Scheduler {
         // After a preemption the pool is short: admitting now would only thrash.
         let preempted = self.counters.preemptions != preemptions_before;
         while !preempted && budget > 0 && self.running.len() < self.config.max_running {
-            let Some(mut s) = self.waiting.pop_front() else { break };
+            let Some(mut s) = self.waiting.pop_front() else {
+                break;
+            };
             self.admit_prefix(&mut s);
             let (computed, total) = (s.computed, s.tokens.len());
             let len = (total - computed).min(budget);
@@ -357,11 +359,22 @@ mod tests {
 
     #[test]
     fn chunked_prefill_respects_the_token_budget_and_serves_decodes_first() {
-        let cfg = SchedulerConfig { step_tokens: 32, ..Default::default() };
+        let cfg = SchedulerConfig {
+            step_tokens: 32,
+            ..Default::default()
+        };
         let mut s = Scheduler::new(cfg, 64);
         s.add(seq(1, 10, 0));
         let p = run_step(&mut s);
-        assert_eq!(p, vec![Planned { index: 0, start: 0, len: 10, sample: true }]);
+        assert_eq!(
+            p,
+            vec![Planned {
+                index: 0,
+                start: 0,
+                len: 10,
+                sample: true
+            }]
+        );
         s.add(seq(2, 100, 1));
         let p = run_step(&mut s);
         // The decode of seq 1 (1 token) first, then 31 tokens of seq 2's prompt.
@@ -374,7 +387,11 @@ mod tests {
 
     #[test]
     fn preemption_frees_blocks_and_requeues_the_newest() {
-        let cfg = SchedulerConfig { step_tokens: 256, prefix_caching: false, ..Default::default() };
+        let cfg = SchedulerConfig {
+            step_tokens: 256,
+            prefix_caching: false,
+            ..Default::default()
+        };
         // 4 blocks = 64 slots; two sequences of 30 tokens each take 2 blocks.
         let mut s = Scheduler::new(cfg, 4);
         s.add(seq(1, 30, 0));

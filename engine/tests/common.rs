@@ -20,7 +20,10 @@ pub fn loaded() -> &'static Loaded {
 }
 
 #[allow(dead_code)]
-pub fn model_and_tokenizer() -> (Arc<cleave_engine::model::Model>, Arc<cleave_engine::tokenizer::Tokenizer>) {
+pub fn model_and_tokenizer() -> (
+    Arc<cleave_engine::model::Model>,
+    Arc<cleave_engine::tokenizer::Tokenizer>,
+) {
     let l = loaded();
     (l.model.clone(), l.tokenizer.clone())
 }

@@ -14,7 +14,11 @@ fn engine(num_blocks: usize, step_tokens: usize, prefix_caching: bool) -> Engine
         num_blocks,
         kv_dtype: KvDtype::F32,
         max_model_len: None,
-        scheduler: SchedulerConfig { step_tokens, prefix_caching, ..Default::default() },
+        scheduler: SchedulerConfig {
+            step_tokens,
+            prefix_caching,
+            ..Default::default()
+        },
     };
     Engine::start(m, t, config)
 }
@@ -24,7 +28,11 @@ fn prompt(text: &str) -> Vec<u32> {
 }
 
 fn greedy(max_tokens: usize) -> SamplingParams {
-    SamplingParams { max_tokens, ignore_eos: true, ..Default::default() }
+    SamplingParams {
+        max_tokens,
+        ignore_eos: true,
+        ..Default::default()
+    }
 }
 
 struct Outcome {
@@ -42,9 +50,18 @@ async fn collect(mut rx: tokio::sync::mpsc::UnboundedReceiver<SeqEvent>) -> Outc
                 ids.push(id);
                 text.push_str(&t);
             }
-            SeqEvent::Done { reason, usage, text: t } => {
+            SeqEvent::Done {
+                reason,
+                usage,
+                text: t,
+            } => {
                 text.push_str(&t);
-                return Outcome { ids, text, reason, usage };
+                return Outcome {
+                    ids,
+                    text,
+                    reason,
+                    usage,
+                };
             }
         }
     }
@@ -97,9 +114,17 @@ async fn batched_greedy_equals_each_alone() {
     for p in PROMPTS {
         alone.push(run_all(&e, vec![(prompt(p), greedy(24))]).await.remove(0));
     }
-    let together = run_all(&e, PROMPTS.iter().map(|p| (prompt(p), greedy(24))).collect()).await;
+    let together = run_all(
+        &e,
+        PROMPTS.iter().map(|p| (prompt(p), greedy(24))).collect(),
+    )
+    .await;
     for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
-        assert_eq!(a.ids, b.ids, "prompt {i} differs when batched: {:?} vs {:?}", a.text, b.text);
+        assert_eq!(
+            a.ids, b.ids,
+            "prompt {i} differs when batched: {:?} vs {:?}",
+            a.text, b.text
+        );
         assert_eq!(a.ids.len(), 24);
         assert_eq!(b.reason, FinishReason::Length);
     }
@@ -124,7 +149,10 @@ async fn prefix_cache_hit_gives_same_tokens_and_skips_compute() {
     assert_eq!(first.usage.cached_tokens, 0);
     let full_blocks = (p.len() - 1) / 16 * 16;
     assert_eq!(second.usage.cached_tokens, full_blocks);
-    assert_eq!(after.prefix_hit_tokens - before.prefix_hit_tokens, full_blocks as u64);
+    assert_eq!(
+        after.prefix_hit_tokens - before.prefix_hit_tokens,
+        full_blocks as u64
+    );
     // Only the uncached prompt tail and the decoded tokens were computed the second time.
     let computed = after.computed_tokens - before.computed_tokens;
     assert_eq!(computed as usize, p.len() - full_blocks + 11);
@@ -138,7 +166,10 @@ async fn prefix_cache_hit_gives_same_tokens_and_skips_compute() {
 async fn preemption_under_block_pressure_keeps_results_and_frees_everything() {
     // 12 blocks of 16 tokens for 4 sequences that each need ~3 blocks at the end: someone must
     // be preempted and recomputed.
-    let reqs: Vec<_> = PROMPTS[..4].iter().map(|p| (prompt(p), greedy(30))).collect();
+    let reqs: Vec<_> = PROMPTS[..4]
+        .iter()
+        .map(|p| (prompt(p), greedy(30)))
+        .collect();
     let roomy = engine(512, 256, false);
     let want = run_all(&roomy, reqs.clone()).await;
     let tight = engine(10, 256, false);
@@ -146,14 +177,23 @@ async fn preemption_under_block_pressure_keeps_results_and_frees_everything() {
     for (a, b) in want.iter().zip(&got) {
         assert_eq!(a.ids, b.ids);
     }
-    assert!(tight.stats().counters.preemptions > 0, "no preemption happened: {:?}", tight.stats());
+    assert!(
+        tight.stats().counters.preemptions > 0,
+        "no preemption happened: {:?}",
+        tight.stats()
+    );
     assert_no_leak(&tight, 10).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn cancellation_and_dropped_streams_free_blocks() {
     let e = engine(128, 64, true);
-    let (id, mut rx) = e.submit(GenerateRequest { prompt: prompt(PROMPTS[1]), params: greedy(500) }).unwrap();
+    let (id, mut rx) = e
+        .submit(GenerateRequest {
+            prompt: prompt(PROMPTS[1]),
+            params: greedy(500),
+        })
+        .unwrap();
     // Wait for a couple of tokens, then cancel.
     for _ in 0..2 {
         assert!(matches!(rx.recv().await, Some(SeqEvent::Token { .. })));
@@ -162,7 +202,12 @@ async fn cancellation_and_dropped_streams_free_blocks() {
     let out = collect(rx).await;
     assert_eq!(out.reason, FinishReason::Cancelled);
     // A client that goes away is cancelled too.
-    let (_, rx) = e.submit(GenerateRequest { prompt: prompt(PROMPTS[2]), params: greedy(500) }).unwrap();
+    let (_, rx) = e
+        .submit(GenerateRequest {
+            prompt: prompt(PROMPTS[2]),
+            params: greedy(500),
+        })
+        .unwrap();
     drop(rx);
     assert_no_leak(&e, 128).await;
 }
@@ -172,24 +217,56 @@ async fn stop_strings_eos_and_bad_requests() {
     let e = engine(128, 64, true);
     let l = common::loaded();
     // Greedy output of this prompt (checked above) contains "Paris": stop right before it.
-    let params = SamplingParams { stop: vec!["Paris".into()], ..greedy(24) };
-    let out = run_all(&e, vec![(prompt(PROMPTS[0]), params)]).await.remove(0);
+    let params = SamplingParams {
+        stop: vec!["Paris".into()],
+        ..greedy(24)
+    };
+    let out = run_all(&e, vec![(prompt(PROMPTS[0]), params)])
+        .await
+        .remove(0);
     assert_eq!(out.reason, FinishReason::Stop);
-    assert!(!out.text.contains("Paris") && !out.text.contains("Par"), "{:?}", out.text);
+    assert!(
+        !out.text.contains("Paris") && !out.text.contains("Par"),
+        "{:?}",
+        out.text
+    );
     // A chat prompt ends with <|im_end|> (an end-of-generation token) well before 200 tokens.
-    let msg = cleave_engine::chat::ChatMessage { role: "user".into(), content: "Say hello.".into() };
+    let msg = cleave_engine::chat::ChatMessage {
+        role: "user".into(),
+        content: "Say hello.".into(),
+    };
     let text = l.template.as_ref().unwrap().render(&[msg], true).unwrap();
-    let params = SamplingParams { max_tokens: 200, ..Default::default() };
-    let out = run_all(&e, vec![(l.tokenizer.encode(&text, true), params)]).await.remove(0);
+    let params = SamplingParams {
+        max_tokens: 200,
+        ..Default::default()
+    };
+    let out = run_all(&e, vec![(l.tokenizer.encode(&text, true), params)])
+        .await
+        .remove(0);
     assert_eq!(out.reason, FinishReason::Stop, "{:?}", out.text);
     assert!(!out.text.contains("<|im_end|>"));
     assert!(out.usage.completion_tokens < 200);
     // Bad input is refused with a precise error.
-    let err = e.submit(GenerateRequest { prompt: vec![], params: greedy(1) }).unwrap_err();
+    let err = e
+        .submit(GenerateRequest {
+            prompt: vec![],
+            params: greedy(1),
+        })
+        .unwrap_err();
     assert!(err.to_string().contains("empty"));
-    let err = e.submit(GenerateRequest { prompt: vec![1, 999_999], params: greedy(1) }).unwrap_err();
+    let err = e
+        .submit(GenerateRequest {
+            prompt: vec![1, 999_999],
+            params: greedy(1),
+        })
+        .unwrap_err();
     assert!(err.to_string().contains("999999"));
-    let err = e.submit(GenerateRequest { prompt: vec![1; 100], params: greedy(1_000_000) }).unwrap_err();
+    let err = e
+        .submit(GenerateRequest {
+            prompt: vec![1; 100],
+            params: greedy(1_000_000),
+        })
+        .unwrap_err();
     assert!(err.to_string().contains("exceeds"));
     assert_no_leak(&e, 128).await;
 }
@@ -197,11 +274,33 @@ async fn stop_strings_eos_and_bad_requests() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn seeded_sampling_is_reproducible_with_logprobs() {
     let e = engine(128, 64, true);
-    let params = SamplingParams { temperature: 0.8, top_p: 0.95, top_k: 40, seed: Some(7), logprobs: Some(3), ..greedy(16) };
-    let a = run_all(&e, vec![(prompt(PROMPTS[1]), params.clone())]).await.remove(0);
-    let b = run_all(&e, vec![(prompt(PROMPTS[1]), params.clone())]).await.remove(0);
+    let params = SamplingParams {
+        temperature: 0.8,
+        top_p: 0.95,
+        top_k: 40,
+        seed: Some(7),
+        logprobs: Some(3),
+        ..greedy(16)
+    };
+    let a = run_all(&e, vec![(prompt(PROMPTS[1]), params.clone())])
+        .await
+        .remove(0);
+    let b = run_all(&e, vec![(prompt(PROMPTS[1]), params.clone())])
+        .await
+        .remove(0);
     assert_eq!(a.ids, b.ids);
-    let c = run_all(&e, vec![(prompt(PROMPTS[1]), SamplingParams { seed: Some(8), ..params })]).await.remove(0);
+    let c = run_all(
+        &e,
+        vec![(
+            prompt(PROMPTS[1]),
+            SamplingParams {
+                seed: Some(8),
+                ..params
+            },
+        )],
+    )
+    .await
+    .remove(0);
     assert_ne!(a.ids, c.ids, "different seeds gave the same 16 tokens");
     assert_no_leak(&e, 128).await;
 }

@@ -16,7 +16,10 @@ struct Reference {
 fn reference() -> (String, Reference) {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
     let text = std::fs::read_to_string(format!("{dir}/apache2_excerpt.txt")).unwrap();
-    let r = serde_json::from_str(&std::fs::read_to_string(format!("{dir}/apache2_llamacpp_ref.json")).unwrap()).unwrap();
+    let r = serde_json::from_str(
+        &std::fs::read_to_string(format!("{dir}/apache2_llamacpp_ref.json")).unwrap(),
+    )
+    .unwrap();
     (text, r)
 }
 
@@ -36,10 +39,26 @@ fn perplexity_and_argmax_agree_with_llama_cpp() {
         let s = score(&l.model, r.tokens.clone(), chunk, dtype);
         assert_eq!(s.n_scored, r.n_scored);
         let rel = (s.ppl - r.ppl).abs() / r.ppl;
-        let agree = s.top1_next.iter().zip(&r.top1_next).filter(|(a, b)| a == b).count();
+        let agree = s
+            .top1_next
+            .iter()
+            .zip(&r.top1_next)
+            .filter(|(a, b)| a == b)
+            .count();
         let frac = agree as f64 / r.top1_next.len() as f64;
-        eprintln!("{dtype:?}: ppl {:.4} vs llama.cpp {:.4} ({:.2}%), argmax agreement {:.1}%", s.ppl, r.ppl, rel * 100.0, frac * 100.0);
-        assert!(rel < 0.03, "{dtype:?}: perplexity {} is more than 3% from {}", s.ppl, r.ppl);
+        eprintln!(
+            "{dtype:?}: ppl {:.4} vs llama.cpp {:.4} ({:.2}%), argmax agreement {:.1}%",
+            s.ppl,
+            r.ppl,
+            rel * 100.0,
+            frac * 100.0
+        );
+        assert!(
+            rel < 0.03,
+            "{dtype:?}: perplexity {} is more than 3% from {}",
+            s.ppl,
+            r.ppl
+        );
         assert!(frac >= 0.90, "{dtype:?}: argmax agreement {frac}");
     }
 }

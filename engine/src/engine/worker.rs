@@ -183,7 +183,10 @@ impl Worker {
             let (tok, logprob) = s.sampler.sample(logits, &s.params);
             s.tokens.push(tok);
             self.stats.generated_tokens += 1;
-            let out = self.outputs.get_mut(&s.id).expect("every sequence has an output");
+            let out = self
+                .outputs
+                .get_mut(&s.id)
+                .expect("every sequence has an output");
             let end_token = (!s.params.ignore_eos && self.eog.contains(&tok))
                 || s.params.stop_token_ids.contains(&tok);
             let (text, stop_string) = if end_token {

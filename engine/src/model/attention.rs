@@ -163,7 +163,14 @@ mod tests {
     }
 
     /// Dense reference: attention over contiguous K/V rows.
-    fn reference(q: &[f32], ks: &[Vec<f32>], vs: &[Vec<f32>], n_heads: usize, hd: usize, kvh: usize) -> Vec<f32> {
+    fn reference(
+        q: &[f32],
+        ks: &[Vec<f32>],
+        vs: &[Vec<f32>],
+        n_heads: usize,
+        hd: usize,
+        kvh: usize,
+    ) -> Vec<f32> {
         let group = n_heads / kvh;
         let mut out = vec![0.0; n_heads * hd];
         for h in 0..n_heads {
@@ -172,7 +179,10 @@ mod tests {
             let scores: Vec<f64> = ks
                 .iter()
                 .map(|k| {
-                    qh.iter().zip(&k[g * hd..(g + 1) * hd]).map(|(a, b)| (a * b) as f64).sum::<f64>()
+                    qh.iter()
+                        .zip(&k[g * hd..(g + 1) * hd])
+                        .map(|(a, b)| (a * b) as f64)
+                        .sum::<f64>()
                         / (hd as f64).sqrt()
                 })
                 .collect();
@@ -197,17 +207,37 @@ mod tests {
             let blocks = [BlockId(5), BlockId(1), BlockId(6)];
             let n = lay.token_elems();
             let val = |p: usize, i: usize, s: f32| ((p * 31 + i * 7) % 13) as f32 * s - 0.5;
-            let ks: Vec<Vec<f32>> = (0..10).map(|p| (0..n).map(|i| val(p, i, 0.1)).collect()).collect();
-            let vs: Vec<Vec<f32>> = (0..10).map(|p| (0..n).map(|i| val(p, i + 3, 0.2)).collect()).collect();
+            let ks: Vec<Vec<f32>> = (0..10)
+                .map(|p| (0..n).map(|i| val(p, i, 0.1)).collect())
+                .collect();
+            let vs: Vec<Vec<f32>> = (0..10)
+                .map(|p| (0..n).map(|i| val(p, i + 3, 0.2)).collect())
+                .collect();
             for p in 0..10 {
-                let slot = [TokenSlot { pos: p, blocks: &blocks }];
+                let slot = [TokenSlot {
+                    pos: p,
+                    blocks: &blocks,
+                }];
                 write_kv(&mut cache, 1, &slot, &ks[p], &vs[p]);
             }
             let n_heads = 4;
-            let q: Vec<f32> = (0..n_heads * 8).map(|i| (i % 5) as f32 * 0.3 - 0.6).collect();
-            let slot = [TokenSlot { pos: 9, blocks: &blocks }];
+            let q: Vec<f32> = (0..n_heads * 8)
+                .map(|i| (i % 5) as f32 * 0.3 - 0.6)
+                .collect();
+            let slot = [TokenSlot {
+                pos: 9,
+                blocks: &blocks,
+            }];
             let mut out = vec![0.0; n_heads * 8];
-            attend(&cache, 1, &slot, &q, n_heads, &mut out, &mut AttnScratch::default());
+            attend(
+                &cache,
+                1,
+                &slot,
+                &q,
+                n_heads,
+                &mut out,
+                &mut AttnScratch::default(),
+            );
             let want = reference(&q, &ks, &vs, n_heads, 8, 2);
             let tol = if dtype == KvDtype::F32 { 1e-5 } else { 5e-3 };
             for (a, b) in out.iter().zip(&want) {

@@ -61,7 +61,14 @@ impl Workspace {
     }
 }
 
-fn matmul(m: &QMatrix, acts: &mut Activations, x: &[f32], n: usize, out: &mut Vec<f32>, th: &crate::kernels::Threads) {
+fn matmul(
+    m: &QMatrix,
+    acts: &mut Activations,
+    x: &[f32],
+    n: usize,
+    out: &mut Vec<f32>,
+    th: &crate::kernels::Threads,
+) {
     acts.set(x, n, m.cols());
     out.resize(n * m.rows(), 0.0);
     m.matmul(acts, out, th);
@@ -81,7 +88,10 @@ impl Model {
         for c in chunks {
             for (i, &t) in c.tokens.iter().enumerate() {
                 let pos = c.start_pos + i;
-                slots.push(TokenSlot { pos, blocks: c.blocks });
+                slots.push(TokenSlot {
+                    pos,
+                    blocks: c.blocks,
+                });
                 positions.push(pos);
                 tokens.push(t);
             }
@@ -98,7 +108,9 @@ impl Model {
         ws.x.resize(n * hidden, 0.0);
         for (t, &tok) in tokens.iter().enumerate() {
             let row = (tok as usize).min(cfg.vocab - 1);
-            self.weights.tok_embd.dequantize_row(row, &mut ws.x[t * hidden..(t + 1) * hidden]);
+            self.weights
+                .tok_embd
+                .dequantize_row(row, &mut ws.x[t * hidden..(t + 1) * hidden]);
         }
         ws.h.resize(n * hidden, 0.0);
 
@@ -157,7 +169,8 @@ impl Model {
                 Logits::All => 0..len,
             };
             for t in wanted {
-                ws.row.extend_from_slice(&ws.x[(t0 + t) * hidden..(t0 + t + 1) * hidden]);
+                ws.row
+                    .extend_from_slice(&ws.x[(t0 + t) * hidden..(t0 + t + 1) * hidden]);
             }
             t0 += len;
         }
@@ -167,10 +180,22 @@ impl Model {
             return 0;
         }
         ws.h.resize(rows * hidden, 0.0);
-        rms_norm(&ws.row, &self.weights.output_norm, cfg.rms_eps, &mut ws.h[..rows * hidden]);
+        rms_norm(
+            &ws.row,
+            &self.weights.output_norm,
+            cfg.rms_eps,
+            &mut ws.h[..rows * hidden],
+        );
         let head = &self.weights.output;
         let h = std::mem::take(&mut ws.h);
-        matmul(head, &mut ws.acts, &h[..rows * hidden], rows, &mut ws.local_logits, th);
+        matmul(
+            head,
+            &mut ws.acts,
+            &h[..rows * hidden],
+            rows,
+            &mut ws.local_logits,
+            th,
+        );
         ws.h = h;
         self.gather_vocab(rows, ws);
         rows
@@ -184,7 +209,8 @@ impl Model {
             std::mem::swap(&mut ws.logits, &mut ws.local_logits);
             return;
         }
-        self.collective.all_gather(&ws.local_logits, &mut ws.gathered);
+        self.collective
+            .all_gather(&ws.local_logits, &mut ws.gathered);
         let part = ws.local_logits.len() / rows;
         ws.logits.resize(rows * part * world, 0.0);
         for r in 0..world {

@@ -58,7 +58,11 @@ pub fn score(model: &Model, tokens: Vec<u32>, chunk: usize, dtype: KvDtype) -> S
             }
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let lse = max as f64
-                + row.iter().map(|&l| ((l - max) as f64).exp()).sum::<f64>().ln();
+                + row
+                    .iter()
+                    .map(|&l| ((l - max) as f64).exp())
+                    .sum::<f64>()
+                    .ln();
             nll_sum += lse - row[tokens[p + 1] as usize] as f64;
             top1_next.push(argmax(row));
         }

@@ -96,11 +96,7 @@ fn vector(g: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> 
     Ok(v)
 }
 
-fn optional_vector(
-    g: &GgufFile,
-    name: &str,
-    len: usize,
-) -> Result<Option<Vec<f32>>, ModelError> {
+fn optional_vector(g: &GgufFile, name: &str, len: usize) -> Result<Option<Vec<f32>>, ModelError> {
     if g.tensor(name).is_err() {
         return Ok(None);
     }
@@ -111,11 +107,7 @@ fn expect_shape(m: &QMatrix, name: &str, rows: usize, cols: usize) -> Result<(),
     if m.rows() != rows || m.cols() != cols {
         return Err(ModelError::BadTensor {
             name: name.into(),
-            why: format!(
-                "expected {rows}x{cols}, found {}x{}",
-                m.rows(),
-                m.cols()
-            ),
+            why: format!("expected {rows}x{cols}, found {}x{}", m.rows(), m.cols()),
         });
     }
     Ok(())
@@ -169,7 +161,11 @@ impl Weights {
                 wq: rows(load("attn_q.weight", qd, cfg.hidden)?, q0 * hd, q1 * hd),
                 wk: rows(load("attn_k.weight", kd, cfg.hidden)?, k0 * hd, k1 * hd),
                 wv: rows(load("attn_v.weight", kd, cfg.hidden)?, k0 * hd, k1 * hd),
-                wo: cols(load("attn_output.weight", cfg.hidden, qd)?, q0 * hd, q1 * hd)?,
+                wo: cols(
+                    load("attn_output.weight", cfg.hidden, qd)?,
+                    q0 * hd,
+                    q1 * hd,
+                )?,
                 bq: bias("attn_q.bias", qd, q0 * hd, q1 * hd)?,
                 bk: bias("attn_k.bias", kd, k0 * hd, k1 * hd)?,
                 bv: bias("attn_v.bias", kd, k0 * hd, k1 * hd)?,
