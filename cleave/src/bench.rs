@@ -236,7 +236,15 @@ pub fn bench_engine(args: BenchArgs) -> anyhow::Result<()> {
         }
         decode.push((b, best));
     }
-    let stats = engine.stats();
+    // The engine publishes its stats after the step that finished the last request.
+    let mut stats = engine.stats();
+    for _ in 0..200 {
+        if stats.running == 0 && stats.waiting == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+        stats = engine.stats();
+    }
     anyhow::ensure!(stats.pool.used == 0, "KV blocks leaked: {:?}", stats.pool);
     let llama = if args.no_llama_cpp {
         None

@@ -69,19 +69,28 @@ pub fn attend(
 
 #[inline(always)]
 fn dot<T: KvElem>(a: &[f32], b: &[T]) -> f32 {
-    // Eight independent partial sums: vectorises, and the order is fixed per call.
+    // Eight independent partial sums over exact chunks: vectorises, and the order is fixed.
     let mut acc = [0.0f32; 8];
-    let chunks = a.len() / 8;
-    for c in 0..chunks {
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
         for l in 0..8 {
-            acc[l] += a[c * 8 + l] * b[c * 8 + l].load();
+            acc[l] += x[l] * y[l].load();
         }
     }
-    let mut s = acc.iter().sum::<f32>();
-    for i in chunks * 8..a.len() {
-        s += a[i] * b[i].load();
+    let mut s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (x, y) in ra.iter().zip(rb) {
+        s += x * y.load();
     }
     s
+}
+
+/// `acc += w * v`.
+#[inline(always)]
+fn axpy<T: KvElem>(acc: &mut [f32], w: f32, v: &[T]) {
+    for (a, x) in acc.iter_mut().zip(v) {
+        *a += w * x.load();
+    }
 }
 
 fn attend_typed<T: KvElem>(
@@ -99,6 +108,7 @@ fn attend_typed<T: KvElem>(
     let scale = 1.0 / (hd as f32).sqrt();
     let mem = cache.elems::<T>();
     let qw = n_heads * hd;
+    let tok = layout.token_elems();
     for (t, s) in slots.iter().enumerate() {
         let ctx = s.pos + 1;
         let q_t = &q[t * qw..(t + 1) * qw];
@@ -107,13 +117,16 @@ fn attend_typed<T: KvElem>(
             // scores[h * ctx + j] for the `group` query heads sharing kv head g.
             scratch.scores.clear();
             scratch.scores.resize(group * ctx, 0.0);
-            for j in 0..ctx {
-                let block = s.blocks[j / bs].0 as usize;
-                let off = layout.offset(block, layer, false, j % bs) + g * hd;
-                let k = &mem[off..off + hd];
-                for h in 0..group {
-                    let qh = &q_t[(g * group + h) * hd..(g * group + h + 1) * hd];
-                    scratch.scores[h * ctx + j] = dot(qh, k) * scale;
+            for (bi, b) in s.blocks[..ctx.div_ceil(bs)].iter().enumerate() {
+                let base = layout.offset(b.0 as usize, layer, false, 0) + g * hd;
+                let n = bs.min(ctx - bi * bs);
+                for slot in 0..n {
+                    let off = base + slot * tok;
+                    let k = &mem[off..off + hd];
+                    for h in 0..group {
+                        let qh = &q_t[(g * group + h) * hd..(g * group + h + 1) * hd];
+                        scratch.scores[h * ctx + bi * bs + slot] = dot(qh, k) * scale;
+                    }
                 }
             }
             for h in 0..group {
@@ -131,15 +144,15 @@ fn attend_typed<T: KvElem>(
             }
             scratch.acc.clear();
             scratch.acc.resize(group * hd, 0.0);
-            for j in 0..ctx {
-                let block = s.blocks[j / bs].0 as usize;
-                let off = layout.offset(block, layer, true, j % bs) + g * hd;
-                let v = &mem[off..off + hd];
-                for h in 0..group {
-                    let w = scratch.scores[h * ctx + j];
-                    let acc = &mut scratch.acc[h * hd..(h + 1) * hd];
-                    for (a, x) in acc.iter_mut().zip(v) {
-                        *a += w * x.load();
+            for (bi, b) in s.blocks[..ctx.div_ceil(bs)].iter().enumerate() {
+                let base = layout.offset(b.0 as usize, layer, true, 0) + g * hd;
+                let n = bs.min(ctx - bi * bs);
+                for slot in 0..n {
+                    let off = base + slot * tok;
+                    let v = &mem[off..off + hd];
+                    for h in 0..group {
+                        let w = scratch.scores[h * ctx + bi * bs + slot];
+                        axpy(&mut scratch.acc[h * hd..(h + 1) * hd], w, v);
                     }
                 }
             }
