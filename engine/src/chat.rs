@@ -20,7 +20,7 @@ const TEMPLATE_NAME: &str = "chat_template";
 #[derive(Debug, thiserror::Error)]
 pub enum ChatError {
     /// The GGUF file has no `tokenizer.chat_template`, or it is not a string.
-    #[error("model has no usable chat template: {0}")]
+    #[error("model has no usable chat template")]
     Missing(#[source] GgufError),
     /// The template does not compile.
     #[error("chat template syntax error: {0}")]

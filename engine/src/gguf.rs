@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum GgufError {
     /// The file could not be opened, inspected or mapped.
-    #[error("i/o error: {0}")]
+    #[error("cannot read the file")]
     Io(#[from] std::io::Error),
     /// The first four bytes are not `GGUF`.
     #[error("not a gguf file (bad magic)")]

@@ -24,7 +24,7 @@ use crate::gguf::{GgufError, GgufFile};
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
     /// A tokenizer key in the GGUF file is missing or has the wrong type.
-    #[error("gguf: {0}")]
+    #[error("reading tokenizer metadata")]
     Gguf(#[from] GgufError),
     /// `tokenizer.ggml.model` names a tokenizer other than byte-level BPE (`gpt2`).
     #[error("unsupported tokenizer model {0:?} (only \"gpt2\" byte-level bpe is supported)")]
