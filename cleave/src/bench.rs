@@ -100,14 +100,7 @@ fn run_batch(
     let t0 = Instant::now();
     let mut rxs = Vec::new();
     for p in prompts {
-        rxs.push(
-            engine
-                .submit(GenerateRequest {
-                    prompt: p,
-                    params: params.clone(),
-                })?
-                .1,
-        );
+        rxs.push(engine.submit(GenerateRequest::new(p, params.clone()))?.1);
     }
     rt.block_on(async {
         let mut counts = vec![0usize; rxs.len()];
@@ -125,6 +118,7 @@ fn run_batch(
                 match ev {
                     SeqEvent::Token { .. } => after += 1,
                     SeqEvent::Done { .. } => break,
+                    _ => {}
                 }
             }
         }

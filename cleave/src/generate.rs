@@ -101,7 +101,7 @@ fn run_one(
     params: SamplingParams,
     mut out: Option<&mut dyn Write>,
 ) -> anyhow::Result<(Vec<u32>, String, cleave_engine::engine::Usage)> {
-    let (_, mut rx) = engine.submit(GenerateRequest { prompt, params })?;
+    let (_, mut rx) = engine.submit(GenerateRequest::new(prompt, params))?;
     let rt = tokio::runtime::Builder::new_current_thread().build()?;
     rt.block_on(async {
         let (mut ids, mut text) = (Vec::new(), String::new());
@@ -121,6 +121,8 @@ fn run_one(
                     }
                     return Ok((ids, text, usage));
                 }
+                // Disaggregation events do not occur for local requests.
+                _ => continue,
             };
             text.push_str(&piece);
             if let Some(o) = out.as_deref_mut() {

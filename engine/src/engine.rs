@@ -12,10 +12,12 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::kv::memory::{KvCache, KvDtype, KvLayout};
-use crate::kv::{KvEventRecord, PoolStats};
+use crate::kv::{BlockId, KvEventRecord, PoolStats};
 use crate::model::Model;
 use crate::sample::{SamplingParams, TokenLogprob};
 use crate::schedule::{SchedulerConfig, SchedulerCounters, SeqId};
+
+pub use crate::schedule::PrefillMode;
 use crate::tokenizer::Tokenizer;
 
 pub use stop::StopMatcher;
@@ -45,12 +47,25 @@ impl Default for EngineConfig {
 }
 
 /// A generation request: prompt token ids and sampling rules.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct GenerateRequest {
     /// Prompt token ids (already templated and tokenized).
     pub prompt: Vec<u32>,
     /// Sampling and stopping rules.
     pub params: SamplingParams,
+    /// Where the prompt's KV comes from (local by default; export/import for disaggregation).
+    pub mode: PrefillMode,
+}
+
+impl GenerateRequest {
+    /// A request computed entirely in this engine.
+    pub fn new(prompt: Vec<u32>, params: SamplingParams) -> Self {
+        GenerateRequest {
+            prompt,
+            params,
+            mode: PrefillMode::Local,
+        }
+    }
 }
 
 /// Why a sequence ended.
@@ -63,6 +78,8 @@ pub enum FinishReason {
     Length,
     /// The caller cancelled it (or dropped its stream).
     Cancelled,
+    /// Its KV was to come from another process and did not (without local fallback).
+    Aborted,
 }
 
 /// Token counts of a finished request.
@@ -77,8 +94,25 @@ pub struct Usage {
 }
 
 /// What a request's stream carries.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Debug)]
 pub enum SeqEvent {
+    /// Export mode: these blocks of the block table (index in the table, block) now hold their
+    /// final KV (full blocks as they fill; at the end, the last partial block too).
+    KvReady {
+        /// `(index in the block table, block)`, in table order.
+        blocks: Vec<(usize, BlockId)>,
+    },
+    /// Import mode: the sequence is parked; write the prompt's KV into `blocks` (the whole
+    /// block table; the first `cached_tokens / block_size` already hold this engine's cached
+    /// prefix) and then call [`Engine::kv_imported`] or [`Engine::kv_import_failed`].
+    KvNeeded {
+        /// The block table.
+        blocks: Vec<BlockId>,
+        /// Leading prompt tokens already cached here (no need to send them).
+        cached_tokens: usize,
+    },
+    /// Export mode: the blocks stay allocated until this lease is dropped.
+    Held(BlockLease),
     /// A generated token and the text that became final with it (possibly empty: text is held
     /// back while it could still be the start of a stop string or of a UTF-8 character).
     Token {
@@ -127,6 +161,27 @@ pub enum EngineError {
     Stopped,
 }
 
+/// Keeps an exported sequence's blocks allocated; dropping it releases them.
+#[derive(Debug)]
+pub struct BlockLease {
+    id: SeqId,
+    blocks: Vec<BlockId>,
+    tx: mpsc::Sender<Command>,
+}
+
+impl BlockLease {
+    /// The held block table.
+    pub fn blocks(&self) -> &[BlockId] {
+        &self.blocks
+    }
+}
+
+impl Drop for BlockLease {
+    fn drop(&mut self) {
+        let _ = self.tx.send(Command::ReleaseHeld(self.id));
+    }
+}
+
 /// A snapshot of the engine's state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EngineStats {
@@ -136,6 +191,10 @@ pub struct EngineStats {
     pub running: usize,
     /// Sequences waiting.
     pub waiting: usize,
+    /// Sequences parked while their KV arrives from another process.
+    pub parked: usize,
+    /// Exported sequences whose blocks are still leased.
+    pub held: usize,
     /// Steps run.
     pub steps: u64,
     /// Scheduler counters (prefix hits, computed tokens, preemptions).
@@ -153,6 +212,24 @@ pub(crate) enum Command {
         events: UnboundedSender<SeqEvent>,
     },
     Cancel(SeqId),
+    KvImported {
+        id: SeqId,
+        first_token: u32,
+    },
+    KvImportFailed {
+        id: SeqId,
+        fallback_local: bool,
+    },
+    ReleaseHeld(SeqId),
+    ReadBlocks {
+        blocks: Vec<BlockId>,
+        reply: tokio::sync::oneshot::Sender<Vec<u8>>,
+    },
+    WriteBlocks {
+        blocks: Vec<BlockId>,
+        data: Vec<u8>,
+        reply: tokio::sync::oneshot::Sender<bool>,
+    },
     Shutdown,
 }
 
@@ -200,7 +277,8 @@ impl Engine {
             stats: Mutex::new(EngineStats::default()),
             kv_events: Mutex::new(Vec::new()),
         });
-        let worker = worker::Worker::new(model, tokenizer, config, cache, shared.clone());
+        let worker =
+            worker::Worker::new(model, tokenizer, config, cache, shared.clone(), tx.clone());
         let thread = std::thread::Builder::new()
             .name("cleave-engine".into())
             .spawn(move || worker.run(rx))
@@ -250,6 +328,46 @@ impl Engine {
     /// Cancels a request; its blocks are freed at the start of the next step.
     pub fn cancel(&self, id: SeqId) {
         let _ = self.tx.send(Command::Cancel(id));
+    }
+
+    /// Import mode: the prompt's KV has been written into the blocks named by `KvNeeded`, and
+    /// the first generated token is `first_token`; the sequence joins the running batch.
+    pub fn kv_imported(&self, id: SeqId, first_token: u32) {
+        let _ = self.tx.send(Command::KvImported { id, first_token });
+    }
+
+    /// Import mode: the KV will not arrive. With `fallback_local` the prompt is computed here;
+    /// otherwise the request ends with [`FinishReason::Aborted`]. Either way nothing leaks.
+    pub fn kv_import_failed(&self, id: SeqId, fallback_local: bool) {
+        let _ = self.tx.send(Command::KvImportFailed { id, fallback_local });
+    }
+
+    /// Copies the bytes of `blocks` (each `block_bytes` long, in order) out of the KV region,
+    /// on the engine thread. A staged path for transports without direct region access.
+    pub async fn read_blocks(&self, blocks: Vec<BlockId>) -> Result<Vec<u8>, EngineError> {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        self.tx
+            .send(Command::ReadBlocks { blocks, reply })
+            .map_err(|_| EngineError::Stopped)?;
+        rx.await.map_err(|_| EngineError::Stopped)
+    }
+
+    /// Writes `data` (one `block_bytes` chunk per block, in order) into `blocks`, on the engine
+    /// thread; false if the sizes do not match or a block id is out of range.
+    pub async fn write_blocks(
+        &self,
+        blocks: Vec<BlockId>,
+        data: Vec<u8>,
+    ) -> Result<bool, EngineError> {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        self.tx
+            .send(Command::WriteBlocks {
+                blocks,
+                data,
+                reply,
+            })
+            .map_err(|_| EngineError::Stopped)?;
+        rx.await.map_err(|_| EngineError::Stopped)
     }
 
     /// Current statistics.

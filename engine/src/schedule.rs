@@ -12,6 +12,22 @@ use std::collections::VecDeque;
 use crate::kv::{next_block_hash, BlockHash, BlockId, BlockPool};
 use crate::sample::{Sampler, SamplingParams};
 
+/// Where a sequence's prompt KV comes from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PrefillMode {
+    /// Computed here, then decoded here (one process does everything).
+    #[default]
+    Local,
+    /// Computed here for another process (a prefill worker): all prompt blocks are allocated at
+    /// admission and never preempted, announced as they fill, and held after the first token
+    /// is sampled until the caller has copied them out.
+    Export,
+    /// Written here by another process (a decode worker): all prompt blocks are allocated at
+    /// admission (reusing this engine's own cached prefix), then the sequence is parked until
+    /// the caller reports that the KV has arrived (with the first token) or failed.
+    Import,
+}
+
 /// Identifies a request inside one engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SeqId(pub u64);
@@ -65,13 +81,23 @@ pub struct Sequence {
     pub sampler: Sampler,
     /// Admission order (lower = older = higher priority).
     pub arrival: u64,
+    /// Where its prompt KV comes from.
+    pub mode: PrefillMode,
+    /// Leading blocks already announced to the caller (export mode).
+    pub announced: usize,
     /// Whether it has been admitted before (for `cached_tokens`).
     admitted_once: bool,
 }
 
 impl Sequence {
     /// A new sequence for `prompt`.
-    pub fn new(id: SeqId, prompt: Vec<u32>, params: SamplingParams, arrival: u64) -> Self {
+    pub fn new(
+        id: SeqId,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        arrival: u64,
+        mode: PrefillMode,
+    ) -> Self {
         let seed = params.seed.unwrap_or(id.0 ^ 0x5EED);
         Sequence {
             id,
@@ -84,6 +110,8 @@ impl Sequence {
             sampler: Sampler::new(seed),
             params,
             arrival,
+            mode,
+            announced: 0,
             admitted_once: false,
         }
     }
@@ -128,6 +156,10 @@ pub struct Scheduler {
     pub waiting: VecDeque<Sequence>,
     /// The running batch, oldest first.
     pub running: Vec<Sequence>,
+    /// Import-mode sequences holding their blocks while their KV arrives from elsewhere.
+    pub parked: Vec<Sequence>,
+    /// Sequences parked by `schedule` calls since the caller last took this list.
+    pub newly_parked: Vec<SeqId>,
     /// Counters.
     pub counters: SchedulerCounters,
 }
@@ -140,6 +172,8 @@ impl Scheduler {
             pool: BlockPool::new(num_blocks),
             waiting: VecDeque::new(),
             running: Vec::new(),
+            parked: Vec::new(),
+            newly_parked: Vec::new(),
             counters: SchedulerCounters::default(),
         }
     }
@@ -166,10 +200,53 @@ impl Scheduler {
             self.free_blocks(&mut s);
             return Some(s);
         }
+        if let Some(i) = self.parked.iter().position(|s| s.id == id) {
+            let mut s = self.parked.remove(i);
+            self.free_blocks(&mut s);
+            return Some(s);
+        }
         let i = self.running.iter().position(|s| s.id == id)?;
         let mut s = self.running.remove(i);
         self.free_blocks(&mut s);
         Some(s)
+    }
+
+    /// Takes a finished export-mode sequence out WITHOUT releasing its blocks: the caller owns
+    /// them (it copies them out, then calls [`Scheduler::release_blocks`]).
+    pub fn finish_holding(&mut self, index: usize) -> Sequence {
+        self.running.remove(index)
+    }
+
+    /// Releases blocks handed out by [`Scheduler::finish_holding`].
+    pub fn release_blocks(&mut self, blocks: &[BlockId]) {
+        for &b in blocks {
+            self.pool.release(b);
+        }
+    }
+
+    /// The KV of a parked sequence has arrived, with the first generated token: it joins the
+    /// running batch. Returns its index in `running`.
+    pub fn unpark(&mut self, id: SeqId, first_token: u32) -> Option<usize> {
+        let i = self.parked.iter().position(|s| s.id == id)?;
+        let mut s = self.parked.remove(i);
+        s.computed = s.prompt_len;
+        commit_full_blocks(&mut self.pool, &self.config, &mut s);
+        s.tokens.push(first_token);
+        self.running.push(s);
+        Some(self.running.len() - 1)
+    }
+
+    /// The KV of a parked sequence will not arrive: it computes its prompt here instead,
+    /// keeping its blocks (those past its own cached prefix are simply overwritten).
+    pub fn unpark_local(&mut self, id: SeqId) -> bool {
+        let Some(i) = self.parked.iter().position(|s| s.id == id) else {
+            return false;
+        };
+        let mut s = self.parked.remove(i);
+        s.mode = PrefillMode::Local;
+        s.computed = s.hashes.len() * self.config.block_size;
+        self.running.push(s);
+        true
     }
 
     /// Takes a finished running sequence out, freeing its blocks (committed ones stay cached).
@@ -204,7 +281,7 @@ impl Scheduler {
     /// old index, or `None` when there is no such sequence.
     fn preempt_newest(&mut self, protect: usize) -> Option<usize> {
         let victim = (0..self.running.len())
-            .filter(|&i| i != protect)
+            .filter(|&i| i != protect && self.running[i].mode != PrefillMode::Export)
             .max_by_key(|&i| self.running[i].arrival)?;
         if self.running[victim].arrival < self.running[protect].arrival {
             return None;
@@ -263,6 +340,25 @@ impl Scheduler {
                 break;
             };
             self.admit_prefix(&mut s);
+            if s.mode != PrefillMode::Local {
+                // Every prompt block up front: KV moves between processes by block.
+                let need = self.blocks_for(s.prompt_len).saturating_sub(s.blocks.len());
+                if self.pool.available() < need {
+                    self.free_blocks(&mut s);
+                    self.waiting.push_front(s);
+                    break;
+                }
+                for _ in 0..need {
+                    s.blocks
+                        .push(self.pool.allocate().expect("checked available"));
+                }
+                if s.mode == PrefillMode::Import {
+                    self.counters.prefix_hit_tokens += s.computed as u64;
+                    self.newly_parked.push(s.id);
+                    self.parked.push(s);
+                    continue;
+                }
+            }
             let (computed, total) = (s.computed, s.tokens.len());
             let len = (total - computed).min(budget);
             self.running.push(s);
@@ -318,21 +414,26 @@ impl Scheduler {
     /// Records that the planned chunks were computed: advances `computed` and commits every
     /// block that became full to the prefix cache.
     pub fn computed(&mut self, plan: &[Planned]) {
-        let bs = self.config.block_size;
         for p in plan {
             self.counters.computed_tokens += p.len as u64;
             let s = &mut self.running[p.index];
             s.computed = p.start + p.len;
-            while (s.hashes.len() + 1) * bs <= s.computed {
-                let b = s.hashes.len();
-                let parent = s.hashes.last().copied();
-                let h = next_block_hash(parent, &s.tokens[b * bs..(b + 1) * bs], self.config.salt);
-                if self.config.prefix_caching {
-                    self.pool.commit(s.blocks[b], h, parent);
-                }
-                s.hashes.push(h);
-            }
+            commit_full_blocks(&mut self.pool, &self.config, s);
         }
+    }
+}
+
+/// Hashes every block of `s` that became full and commits it to the prefix cache.
+fn commit_full_blocks(pool: &mut BlockPool, config: &SchedulerConfig, s: &mut Sequence) {
+    let bs = config.block_size;
+    while (s.hashes.len() + 1) * bs <= s.computed {
+        let b = s.hashes.len();
+        let parent = s.hashes.last().copied();
+        let h = next_block_hash(parent, &s.tokens[b * bs..(b + 1) * bs], config.salt);
+        if config.prefix_caching {
+            pool.commit(s.blocks[b], h, parent);
+        }
+        s.hashes.push(h);
     }
 }
 
@@ -342,7 +443,13 @@ mod tests {
 
     fn seq(id: u64, len: usize, arrival: u64) -> Sequence {
         let prompt = (0..len as u32).map(|t| t + 1000 * id as u32).collect();
-        Sequence::new(SeqId(id), prompt, SamplingParams::default(), arrival)
+        Sequence::new(
+            SeqId(id),
+            prompt,
+            SamplingParams::default(),
+            arrival,
+            PrefillMode::Local,
+        )
     }
 
     /// Pretends every sampled step appended one token.

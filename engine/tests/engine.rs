@@ -63,6 +63,7 @@ async fn collect(mut rx: tokio::sync::mpsc::UnboundedReceiver<SeqEvent>) -> Outc
                     usage,
                 };
             }
+            other => panic!("unexpected event {other:?}"),
         }
     }
     panic!("stream ended without Done");
@@ -71,7 +72,7 @@ async fn collect(mut rx: tokio::sync::mpsc::UnboundedReceiver<SeqEvent>) -> Outc
 async fn run_all(e: &Engine, reqs: Vec<(Vec<u32>, SamplingParams)>) -> Vec<Outcome> {
     let rxs: Vec<_> = reqs
         .into_iter()
-        .map(|(prompt, params)| e.submit(GenerateRequest { prompt, params }).unwrap().1)
+        .map(|(prompt, params)| e.submit(GenerateRequest::new(prompt, params)).unwrap().1)
         .collect();
     let mut out = Vec::new();
     for rx in rxs {
@@ -189,10 +190,7 @@ async fn preemption_under_block_pressure_keeps_results_and_frees_everything() {
 async fn cancellation_and_dropped_streams_free_blocks() {
     let e = engine(128, 64, true);
     let (id, mut rx) = e
-        .submit(GenerateRequest {
-            prompt: prompt(PROMPTS[1]),
-            params: greedy(500),
-        })
+        .submit(GenerateRequest::new(prompt(PROMPTS[1]), greedy(500)))
         .unwrap();
     // Wait for a couple of tokens, then cancel.
     for _ in 0..2 {
@@ -203,10 +201,7 @@ async fn cancellation_and_dropped_streams_free_blocks() {
     assert_eq!(out.reason, FinishReason::Cancelled);
     // A client that goes away is cancelled too.
     let (_, rx) = e
-        .submit(GenerateRequest {
-            prompt: prompt(PROMPTS[2]),
-            params: greedy(500),
-        })
+        .submit(GenerateRequest::new(prompt(PROMPTS[2]), greedy(500)))
         .unwrap();
     drop(rx);
     assert_no_leak(&e, 128).await;
@@ -248,24 +243,15 @@ async fn stop_strings_eos_and_bad_requests() {
     assert!(out.usage.completion_tokens < 200);
     // Bad input is refused with a precise error.
     let err = e
-        .submit(GenerateRequest {
-            prompt: vec![],
-            params: greedy(1),
-        })
+        .submit(GenerateRequest::new(vec![], greedy(1)))
         .unwrap_err();
     assert!(err.to_string().contains("empty"));
     let err = e
-        .submit(GenerateRequest {
-            prompt: vec![1, 999_999],
-            params: greedy(1),
-        })
+        .submit(GenerateRequest::new(vec![1, 999_999], greedy(1)))
         .unwrap_err();
     assert!(err.to_string().contains("999999"));
     let err = e
-        .submit(GenerateRequest {
-            prompt: vec![1; 100],
-            params: greedy(1_000_000),
-        })
+        .submit(GenerateRequest::new(vec![1; 100], greedy(1_000_000)))
         .unwrap_err();
     assert!(err.to_string().contains("exceeds"));
     assert_no_leak(&e, 128).await;

@@ -6,12 +6,15 @@ use std::sync::{mpsc, Arc};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::kv::memory::KvCache;
+use crate::kv::BlockId;
 use crate::model::{Logits, Model, SeqChunk, Workspace};
-use crate::schedule::{Planned, Scheduler, SeqId, Sequence};
+use crate::schedule::{Planned, PrefillMode, Scheduler, SeqId, Sequence};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
 use super::stop::StopMatcher;
-use super::{Command, EngineConfig, EngineStats, FinishReason, SeqEvent, Shared, Usage};
+use super::{
+    BlockLease, Command, EngineConfig, EngineStats, FinishReason, SeqEvent, Shared, Usage,
+};
 
 /// Most KV events kept for a consumer that does not drain them.
 const MAX_PENDING_KV_EVENTS: usize = 65_536;
@@ -34,6 +37,10 @@ pub(super) struct Worker {
     limit: usize,
     arrivals: u64,
     stats: EngineStats,
+    /// Blocks of exported sequences, leased to the caller.
+    held: HashMap<SeqId, Vec<BlockId>>,
+    /// For leases to send their release.
+    tx: mpsc::Sender<Command>,
 }
 
 impl Worker {
@@ -43,6 +50,7 @@ impl Worker {
         config: EngineConfig,
         cache: KvCache,
         shared: Arc<Shared>,
+        tx: mpsc::Sender<Command>,
     ) -> Self {
         let ctx = config.max_model_len.unwrap_or(model.config.context_length);
         let limit = ctx.min(cache.num_blocks() * config.scheduler.block_size);
@@ -60,6 +68,8 @@ impl Worker {
             limit,
             arrivals: 0,
             stats: EngineStats::default(),
+            held: HashMap::new(),
+            tx,
         };
         w.publish();
         w
@@ -108,14 +118,70 @@ impl Worker {
                         stop,
                     },
                 );
-                self.sched
-                    .add(Sequence::new(id, req.prompt, req.params, self.arrivals));
+                self.sched.add(Sequence::new(
+                    id,
+                    req.prompt,
+                    req.params,
+                    self.arrivals,
+                    req.mode,
+                ));
                 self.arrivals += 1;
             }
             Command::Cancel(id) => {
                 if let Some(s) = self.sched.remove(id) {
                     self.done(s, FinishReason::Cancelled, String::new());
                 }
+            }
+            Command::KvImported { id, first_token } => {
+                if let Some(index) = self.sched.unpark(id, first_token) {
+                    let end = self.accept(index, first_token, None);
+                    if let Some((reason, text)) = end {
+                        let s = self.sched.finish(index);
+                        self.done(s, reason, text);
+                    }
+                }
+            }
+            Command::KvImportFailed { id, fallback_local } => {
+                if fallback_local {
+                    self.sched.unpark_local(id);
+                } else if let Some(s) = self.sched.remove(id) {
+                    self.done(s, FinishReason::Aborted, String::new());
+                }
+            }
+            Command::ReleaseHeld(id) => {
+                if let Some(blocks) = self.held.remove(&id) {
+                    self.sched.release_blocks(&blocks);
+                }
+            }
+            Command::ReadBlocks { blocks, reply } => {
+                let bb = self.cache.layout().block_bytes();
+                let region = self.cache.region();
+                let mut out = Vec::with_capacity(blocks.len() * bb);
+                for b in &blocks {
+                    let b = b.0 as usize;
+                    if b < self.cache.num_blocks() {
+                        out.extend_from_slice(&region[b * bb..(b + 1) * bb]);
+                    }
+                }
+                let _ = reply.send(out);
+            }
+            Command::WriteBlocks {
+                blocks,
+                data,
+                reply,
+            } => {
+                let bb = self.cache.layout().block_bytes();
+                let n = self.cache.num_blocks();
+                let ok =
+                    data.len() == blocks.len() * bb && blocks.iter().all(|b| (b.0 as usize) < n);
+                if ok {
+                    let region = self.cache.region_mut();
+                    for (b, chunk) in blocks.iter().zip(data.chunks_exact(bb)) {
+                        let b = b.0 as usize;
+                        region[b * bb..(b + 1) * bb].copy_from_slice(chunk);
+                    }
+                }
+                let _ = reply.send(ok);
             }
             Command::Shutdown => return false,
         }
@@ -130,16 +196,38 @@ impl Worker {
             .map(|s| s.id)
             .chain(self.sched.waiting.iter().map(|s| s.id))
             .collect();
-        for id in ids {
+        let parked: Vec<SeqId> = self.sched.parked.iter().map(|s| s.id).collect();
+        for id in ids.into_iter().chain(parked) {
             if let Some(s) = self.sched.remove(id) {
                 self.done(s, FinishReason::Cancelled, String::new());
             }
+        }
+        for (_, blocks) in std::mem::take(&mut self.held) {
+            self.sched.release_blocks(&blocks);
         }
         self.publish();
     }
 
     fn step(&mut self) {
         let plan = self.sched.schedule();
+        for id in std::mem::take(&mut self.sched.newly_parked) {
+            let Some(s) = self.sched.parked.iter().find(|s| s.id == id) else {
+                continue;
+            };
+            let event = SeqEvent::KvNeeded {
+                blocks: s.blocks.clone(),
+                cached_tokens: s.computed,
+            };
+            let gone = self
+                .outputs
+                .get(&id)
+                .is_none_or(|o| o.events.send(event).is_err());
+            if gone {
+                if let Some(s) = self.sched.remove(id) {
+                    self.done(s, FinishReason::Cancelled, String::new());
+                }
+            }
+        }
         if plan.is_empty() {
             // Nothing fits even alone (cannot happen for requests that passed the length
             // check); fail the head of the queue rather than spin.
@@ -163,12 +251,58 @@ impl Worker {
         self.model.forward(&chunks, &mut self.cache, &mut self.ws);
         self.sched.computed(&plan);
         self.stats.steps += 1;
+        self.announce_full_blocks(&plan);
         let finished = self.sample(&plan);
         // Remove from the highest index down so lower indices stay valid.
         for (index, reason, text) in finished.into_iter().rev() {
-            let s = self.sched.finish(index);
-            self.done(s, reason, text);
+            if self.sched.running[index].mode == PrefillMode::Export {
+                let s = self.sched.finish_holding(index);
+                self.hand_over(s, reason, text);
+            } else {
+                let s = self.sched.finish(index);
+                self.done(s, reason, text);
+            }
         }
+    }
+
+    /// Export mode: tells the caller which blocks became full in this step.
+    fn announce_full_blocks(&mut self, plan: &[Planned]) {
+        let bs = self.sched.config.block_size;
+        for p in plan {
+            let s = &mut self.sched.running[p.index];
+            if s.mode != PrefillMode::Export || s.computed / bs <= s.announced {
+                continue;
+            }
+            let upto = s.computed / bs;
+            let blocks = (s.announced..upto).map(|i| (i, s.blocks[i])).collect();
+            s.announced = upto;
+            if let Some(o) = self.outputs.get(&s.id) {
+                let _ = o.events.send(SeqEvent::KvReady { blocks });
+            }
+        }
+    }
+
+    /// Export mode: the first token is out; the rest of the blocks are announced and leased.
+    fn hand_over(&mut self, s: Sequence, reason: FinishReason, text: String) {
+        if let Some(o) = self.outputs.get(&s.id) {
+            let rest: Vec<(usize, BlockId)> = (s.announced..s.blocks.len())
+                .map(|i| (i, s.blocks[i]))
+                .collect();
+            if !rest.is_empty() {
+                let _ = o.events.send(SeqEvent::KvReady { blocks: rest });
+            }
+            let lease = BlockLease {
+                id: s.id,
+                blocks: s.blocks.clone(),
+                tx: self.tx.clone(),
+            };
+            self.held.insert(s.id, s.blocks.clone());
+            // If the stream is gone the lease comes straight back and releases the blocks.
+            let _ = o.events.send(SeqEvent::Held(lease));
+        } else {
+            self.sched.release_blocks(&s.blocks);
+        }
+        self.done(s, reason, text);
     }
 
     /// Samples a token for every chunk that reached its end; returns the sequences that ended.
@@ -182,51 +316,68 @@ impl Worker {
             let s = &mut self.sched.running[p.index];
             let (tok, logprob) = s.sampler.sample(logits, &s.params);
             s.tokens.push(tok);
-            self.stats.generated_tokens += 1;
-            let out = self
-                .outputs
-                .get_mut(&s.id)
-                .expect("every sequence has an output");
-            let end_token = (!s.params.ignore_eos && self.eog.contains(&tok))
-                || s.params.stop_token_ids.contains(&tok);
-            let (text, stop_string) = if end_token {
-                (String::new(), false)
-            } else {
-                let piece = out.decoder.push(&self.tokenizer, tok);
-                out.stop.push(&piece)
-            };
-            let reason = if end_token || stop_string {
-                Some(FinishReason::Stop)
-            } else if s.generated() >= s.params.max_tokens || s.tokens.len() >= self.limit {
-                Some(FinishReason::Length)
-            } else {
-                None
-            };
-            let sent = out.events.send(SeqEvent::Token {
-                id: tok,
-                text,
-                logprob,
-            });
-            match (reason, sent.is_ok()) {
-                (_, false) => finished.push((p.index, FinishReason::Cancelled, String::new())),
-                (Some(r), true) => {
-                    let tail = if stop_string {
-                        String::new()
-                    } else {
-                        let rest = out.decoder.finish();
-                        let (t, hit) = out.stop.push(&rest);
-                        if hit {
-                            t
-                        } else {
-                            t + &out.stop.flush()
-                        }
-                    };
-                    finished.push((p.index, r, tail));
-                }
-                (None, true) => {}
+            if let Some((reason, text)) = self.accept(p.index, tok, logprob) {
+                finished.push((p.index, reason, text));
             }
         }
         finished
+    }
+
+    /// Streams a token just appended to `running[index]` and decides whether the sequence ends
+    /// (returning why, and the text still held back).
+    fn accept(
+        &mut self,
+        index: usize,
+        tok: u32,
+        logprob: Option<crate::sample::TokenLogprob>,
+    ) -> Option<(FinishReason, String)> {
+        self.stats.generated_tokens += 1;
+        let s = &self.sched.running[index];
+        let out = self
+            .outputs
+            .get_mut(&s.id)
+            .expect("every sequence has an output");
+        let end_token = (!s.params.ignore_eos && self.eog.contains(&tok))
+            || s.params.stop_token_ids.contains(&tok);
+        let (text, stop_string) = if end_token {
+            (String::new(), false)
+        } else {
+            let piece = out.decoder.push(&self.tokenizer, tok);
+            out.stop.push(&piece)
+        };
+        let reason = if end_token || stop_string {
+            Some(FinishReason::Stop)
+        } else if s.generated() >= s.params.max_tokens
+            || s.tokens.len() >= self.limit
+            || s.mode == PrefillMode::Export
+        {
+            Some(FinishReason::Length)
+        } else {
+            None
+        };
+        let sent = out.events.send(SeqEvent::Token {
+            id: tok,
+            text,
+            logprob,
+        });
+        match (reason, sent.is_ok()) {
+            (_, false) => Some((FinishReason::Cancelled, String::new())),
+            (Some(r), true) => {
+                let tail = if stop_string {
+                    String::new()
+                } else {
+                    let rest = out.decoder.finish();
+                    let (t, hit) = out.stop.push(&rest);
+                    if hit {
+                        t
+                    } else {
+                        t + &out.stop.flush()
+                    }
+                };
+                Some((r, tail))
+            }
+            (None, true) => None,
+        }
     }
 
     fn done(&mut self, s: Sequence, reason: FinishReason, text: String) {
@@ -249,6 +400,8 @@ impl Worker {
         self.stats.pool = self.sched.pool.stats();
         self.stats.running = self.sched.running.len();
         self.stats.waiting = self.sched.waiting.len();
+        self.stats.parked = self.sched.parked.len();
+        self.stats.held = self.held.len();
         self.stats.counters = self.sched.counters;
         *self.shared.stats.lock().expect("stats lock") = self.stats;
         let events = self.sched.pool.drain_events();

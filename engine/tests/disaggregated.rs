@@ -1,0 +1,220 @@
+//! Prefill in one engine, decode in another: the export/import modes and the staged block
+//! copy give exactly the tokens of one engine doing both, reuse the decode side's prefix cache,
+//! fall back to local prefill when the KV does not come, and never leak a block.
+
+mod common;
+
+use cleave_engine::engine::{
+    Engine, EngineConfig, FinishReason, GenerateRequest, PrefillMode, SeqEvent,
+};
+use cleave_engine::kv::BlockId;
+use cleave_engine::sample::SamplingParams;
+use cleave_engine::schedule::SchedulerConfig;
+
+fn engine(step_tokens: usize) -> Engine {
+    let (m, t) = common::model_and_tokenizer();
+    let config = EngineConfig {
+        num_blocks: 128,
+        scheduler: SchedulerConfig {
+            step_tokens,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Engine::start(m, t, config)
+}
+
+fn greedy(n: usize) -> SamplingParams {
+    SamplingParams {
+        max_tokens: n,
+        ignore_eos: true,
+        ..Default::default()
+    }
+}
+
+async fn tokens_of(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<SeqEvent>,
+) -> (Vec<u32>, FinishReason) {
+    let mut ids = Vec::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            SeqEvent::Token { id, .. } => ids.push(id),
+            SeqEvent::Done { reason, .. } => return (ids, reason),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    panic!("no Done");
+}
+
+/// Runs one request disaggregated; returns (tokens, blocks copied).
+async fn disaggregated(
+    prefill: &Engine,
+    decode: &Engine,
+    prompt: Vec<u32>,
+    params: SamplingParams,
+) -> (Vec<u32>, usize) {
+    let req = |mode| GenerateRequest {
+        prompt: prompt.clone(),
+        params: params.clone(),
+        mode,
+    };
+    let (did, mut drx) = decode.submit(req(PrefillMode::Import)).unwrap();
+    let (dst, cached) = match drx.recv().await {
+        Some(SeqEvent::KvNeeded {
+            blocks,
+            cached_tokens,
+        }) => (blocks, cached_tokens),
+        other => panic!("expected KvNeeded, got {other:?}"),
+    };
+    let skip = cached / 16;
+    let (_, mut prx) = prefill.submit(req(PrefillMode::Export)).unwrap();
+    let (mut first, mut copied, mut lease) = (None, 0, None);
+    while let Some(ev) = prx.recv().await {
+        match ev {
+            // Copy each block as soon as it is ready (overlapping the rest of the prefill).
+            SeqEvent::KvReady { blocks } => {
+                let wanted: Vec<(usize, BlockId)> =
+                    blocks.into_iter().filter(|(i, _)| *i >= skip).collect();
+                if wanted.is_empty() {
+                    continue;
+                }
+                let src: Vec<BlockId> = wanted.iter().map(|w| w.1).collect();
+                let to: Vec<BlockId> = wanted.iter().map(|w| dst[w.0]).collect();
+                let bytes = prefill.read_blocks(src).await.unwrap();
+                assert!(decode.write_blocks(to, bytes).await.unwrap());
+                copied += wanted.len();
+            }
+            SeqEvent::Token { id, .. } => first = Some(id),
+            SeqEvent::Held(l) => lease = Some(l),
+            SeqEvent::Done { reason, .. } => {
+                assert_eq!(reason, FinishReason::Length);
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(
+        lease.as_ref().map(|l| l.blocks().len()),
+        Some(prompt.len().div_ceil(16))
+    );
+    drop(lease);
+    decode.kv_imported(did, first.expect("prefill produced a first token"));
+    let (ids, _) = tokens_of(drx).await;
+    (ids, copied)
+}
+
+async fn settle(e: &Engine) -> cleave_engine::engine::EngineStats {
+    for _ in 0..400 {
+        let s = e.stats();
+        if s.running == 0 && s.waiting == 0 && s.parked == 0 && s.held == 0 {
+            return s;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    panic!("engine did not settle: {:?}", e.stats());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefill_here_decode_there_equals_one_engine() {
+    let tok = &common::loaded().tokenizer;
+    let long = "Licensed under the Apache License, Version 2.0 (the \"License\"); you may not use this file except in compliance with the License. ".repeat(4);
+    let prompts = [
+        tok.encode("The capital of France is", false),
+        // Longer than a prefill chunk (step budget 32 tokens below).
+        tok.encode(&long, false),
+    ];
+    let single = engine(32);
+    let (p, d) = (engine(32), engine(32));
+    for prompt in &prompts {
+        let (want, _) = tokens_of(
+            single
+                .submit(GenerateRequest::new(prompt.clone(), greedy(20)))
+                .unwrap()
+                .1,
+        )
+        .await;
+        let (got, copied) = disaggregated(&p, &d, prompt.clone(), greedy(20)).await;
+        assert_eq!(
+            got,
+            want,
+            "disaggregated output differs for a {}-token prompt",
+            prompt.len()
+        );
+        assert_eq!(copied, prompt.len().div_ceil(16));
+    }
+    // The same long prompt again: the decode engine has its full blocks cached now, so only
+    // the tail block travels, and the output is unchanged.
+    let (want, _) = tokens_of(
+        single
+            .submit(GenerateRequest::new(prompts[1].clone(), greedy(20)))
+            .unwrap()
+            .1,
+    )
+    .await;
+    let (got, copied) = disaggregated(&p, &d, prompts[1].clone(), greedy(20)).await;
+    assert_eq!(got, want);
+    assert_eq!(
+        copied,
+        prompts[1].len().div_ceil(16) - (prompts[1].len() - 1) / 16
+    );
+    for e in [&p, &d] {
+        let s = settle(e).await;
+        assert_eq!(s.pool.used, 0, "{:?}", s.pool);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_kv_falls_back_to_local_prefill_or_aborts_without_leaks() {
+    let tok = &common::loaded().tokenizer;
+    let prompt = tok.encode("Once upon a time, in a small village by the sea,", false);
+    let single = engine(64);
+    let (want, _) = tokens_of(
+        single
+            .submit(GenerateRequest::new(prompt.clone(), greedy(12)))
+            .unwrap()
+            .1,
+    )
+    .await;
+    let d = engine(64);
+    let import = GenerateRequest {
+        prompt: prompt.clone(),
+        params: greedy(12),
+        mode: PrefillMode::Import,
+    };
+    // Fallback: the decode engine computes the prompt itself.
+    let (id, mut rx) = d.submit(import.clone()).unwrap();
+    assert!(matches!(rx.recv().await, Some(SeqEvent::KvNeeded { .. })));
+    d.kv_import_failed(id, true);
+    let (got, reason) = tokens_of(rx).await;
+    assert_eq!(got, want);
+    assert_eq!(reason, FinishReason::Length);
+    // No fallback: the request ends with Aborted and its blocks come back.
+    let (id, mut rx) = d.submit(import).unwrap();
+    assert!(matches!(rx.recv().await, Some(SeqEvent::KvNeeded { .. })));
+    let mut parked = d.stats();
+    for _ in 0..400 {
+        if parked.parked == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        parked = d.stats();
+    }
+    assert_eq!(parked.parked, 1);
+    assert!(parked.pool.used > 0, "a parked sequence holds its blocks");
+    d.kv_import_failed(id, false);
+    let (got, reason) = tokens_of(rx).await;
+    assert!(got.is_empty());
+    assert_eq!(reason, FinishReason::Aborted);
+    assert_eq!(settle(&d).await.pool.used, 0);
+    // An exported sequence whose stream is dropped releases its held blocks.
+    let p = engine(64);
+    let (_, prx) = p
+        .submit(GenerateRequest {
+            prompt,
+            params: greedy(1),
+            mode: PrefillMode::Export,
+        })
+        .unwrap();
+    drop(prx);
+    assert_eq!(settle(&p).await.pool.used, 0);
+}
