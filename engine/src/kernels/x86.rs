@@ -114,6 +114,46 @@ unsafe fn unpack_q4(p: *const u8) -> __m256i {
     _mm256_and_si256(shifted, _mm256_set1_epi8(15))
 }
 
+/// How far ahead of the weights being multiplied the tiles prefetch, in bytes. Decode streams
+/// every weight from memory once per step, and the hardware prefetchers alone keep too few
+/// misses in flight (this took batch-1 Q4_1 from ~27 to ~80 GF/s on a Zen 4 core; 4–8 KiB are
+/// best there, more starts to evict data still in use).
+const PREFETCH_DIST: usize = 4096;
+
+/// Software prefetch of a tile's weight stream.
+#[derive(Clone, Copy)]
+struct Prefetch {
+    base: *const u8,
+    /// Bytes of the tile consumed per block, and bytes from `base` to the end of the matrix.
+    step: usize,
+    rem: usize,
+    dist: usize,
+}
+
+impl Prefetch {
+    fn new<const R: usize>(m: &QMatrix, r0: usize, base: *const u8) -> Self {
+        Prefetch {
+            base,
+            step: R * m.row_bytes / m.nb,
+            rem: (m.rows - r0) * m.row_bytes,
+            dist: PREFETCH_DIST,
+        }
+    }
+
+    /// Prefetches the bytes `dist` ahead of those that block `b` of the tile consumes (the
+    /// tile's rows are contiguous, so a tile consumes `step` bytes per block on average).
+    #[inline(always)]
+    fn block(self, b: usize) {
+        let mut o = b * self.step + self.dist;
+        let end = (o + self.step).min(self.rem);
+        while o < end {
+            // SAFETY: `o < rem`, so the address is inside the matrix; prefetches never fault.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(self.base.add(o).cast()) };
+            o += 64;
+        }
+    }
+}
+
 macro_rules! backend {
     ($name:ident, $feat:literal, $rt:literal, $dot:ident, $q8prep:ident, $q8dot:ident) => {
         pub(super) mod $name {
@@ -121,7 +161,9 @@ macro_rules! backend {
             use std::ops::Range;
 
             use super::super::{Activations, OutPtr, QMatrix, WeightType};
-            use super::{chunk_scales, finish, load_f16x8, packed_rows, unpack_q4, Tokens};
+            use super::{
+                chunk_scales, finish, load_f16x8, packed_rows, unpack_q4, Prefetch, Tokens,
+            };
             use super::{$dot, $q8dot, $q8prep};
 
             /// Q4_0 / Q4_1 tile of rows `r0..r0 + R` × the tokens of `tok`.
@@ -134,6 +176,7 @@ macro_rules! backend {
             ) {
                 let (rows, qs) = packed_rows::<R>(m, r0);
                 let nb = m.nb;
+                let pf = Prefetch::new::<R>(m, r0, rows[0].d.as_ptr());
                 let mut acc = [[_mm256_setzero_ps(); T]; R];
                 let mut b0 = 0;
                 while b0 < nb {
@@ -155,6 +198,7 @@ macro_rules! backend {
                     std::hint::black_box(&mut sc);
                     for j in 0..(nb - b0).min(8) {
                         let b = b0 + j;
+                        pf.block(b);
                         let mut w = [_mm256_setzero_si256(); R];
                         for r in 0..R {
                             // SAFETY: `b < nb` and each row's qs holds `16 · nb` bytes
@@ -185,6 +229,7 @@ macro_rules! backend {
             ) {
                 let (rows, qs) = packed_rows::<R>(m, r0);
                 let nb = m.nb;
+                let pf = Prefetch::new::<R>(m, r0, rows[0].d.as_ptr());
                 let mut acc = [[_mm256_setzero_ps(); T]; R];
                 let mut b0 = 0;
                 while b0 < nb {
@@ -193,6 +238,7 @@ macro_rules! backend {
                     std::hint::black_box(&mut sc);
                     for j in 0..(nb - b0).min(8) {
                         let b = b0 + j;
+                        pf.block(b);
                         let mut w = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
                         for r in 0..R {
                             // SAFETY: `b < nb` and each row's qs holds `32 · nb` bytes
