@@ -61,6 +61,47 @@ pub fn attend(
     out: &mut [f32],
     scratch: &mut AttnScratch,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: the CPU supports AVX2 and FMA (checked at run time just above).
+        unsafe { attend_avx2(cache, layer, slots, q, n_heads, out, scratch) };
+        return;
+    }
+    attend_any(cache, layer, slots, q, n_heads, out, scratch);
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_avx2() -> bool {
+    static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVX2.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
+}
+
+/// The same code compiled for 256-bit vectors. Per lane the float operations are the same as
+/// the portable build's, so results are identical on every machine.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn attend_avx2(
+    cache: &KvCache,
+    layer: usize,
+    slots: &[TokenSlot],
+    q: &[f32],
+    n_heads: usize,
+    out: &mut [f32],
+    scratch: &mut AttnScratch,
+) {
+    attend_any(cache, layer, slots, q, n_heads, out, scratch);
+}
+
+#[inline(always)]
+fn attend_any(
+    cache: &KvCache,
+    layer: usize,
+    slots: &[TokenSlot],
+    q: &[f32],
+    n_heads: usize,
+    out: &mut [f32],
+    scratch: &mut AttnScratch,
+) {
     match cache.layout().dtype {
         KvDtype::F32 => attend_typed::<f32>(cache, layer, slots, q, n_heads, out, scratch),
         KvDtype::F16 => attend_typed::<half::f16>(cache, layer, slots, q, n_heads, out, scratch),
@@ -93,6 +134,7 @@ fn axpy<T: KvElem>(acc: &mut [f32], w: f32, v: &[T]) {
     }
 }
 
+#[inline(always)]
 fn attend_typed<T: KvElem>(
     cache: &KvCache,
     layer: usize,
