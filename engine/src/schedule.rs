@@ -140,6 +140,8 @@ pub struct Planned {
 pub struct SchedulerCounters {
     /// Prompt tokens whose KV came from the prefix cache (compute skipped).
     pub prefix_hit_tokens: u64,
+    /// Tokens looked up in the prefix cache at admission (the hit ratio's denominator).
+    pub prefix_query_tokens: u64,
     /// Tokens run through the model.
     pub computed_tokens: u64,
     /// Sequences preempted for lack of blocks.
@@ -402,6 +404,7 @@ impl Scheduler {
             parent = Some(h);
         }
         let matched = self.pool.match_prefix(&hashes);
+        self.counters.prefix_query_tokens += s.tokens.len() as u64;
         s.computed = matched.len() * bs;
         s.hashes = hashes[..matched.len()].to_vec();
         s.blocks = matched;

@@ -1,0 +1,99 @@
+//! One typed configuration for both worker binaries.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use cleave_engine::kv::memory::KvDtype;
+use cleave_kv_transfer::BackendChoice;
+
+/// What a worker does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    /// Runs prefills for decode workers and writes the KV into their memory.
+    Prefill,
+    /// Decodes (and prefills locally when no prefill worker is given or it fails).
+    Decode,
+}
+
+/// Worker settings (flags, or `CLEAVE_*` environment variables).
+#[derive(Clone, Debug, Args)]
+pub struct WorkerConfig {
+    /// The GGUF model (both roles must load the same file).
+    #[arg(long, env = "CLEAVE_MODEL")]
+    pub model: PathBuf,
+    /// gRPC listen address (port 0 picks a free port).
+    #[arg(long, env = "CLEAVE_GRPC_ADDR", default_value = "127.0.0.1:0")]
+    pub grpc_addr: SocketAddr,
+    /// HTTP listen address for /health, /ready and /metrics.
+    #[arg(long, env = "CLEAVE_HTTP_ADDR", default_value = "127.0.0.1:0")]
+    pub http_addr: SocketAddr,
+    /// KV blocks in this worker's pool.
+    #[arg(long, env = "CLEAVE_KV_BLOCKS", default_value_t = 512)]
+    pub kv_blocks: usize,
+    /// KV element type.
+    #[arg(long, env = "CLEAVE_KV_DTYPE", default_value = "f32")]
+    pub kv_dtype: KvDtype,
+    /// Compute threads.
+    #[arg(long, env = "CLEAVE_THREADS", default_value_t = 1)]
+    pub threads: usize,
+    /// Tokens per engine step (decodes plus prefill chunks).
+    #[arg(long, env = "CLEAVE_STEP_TOKENS", default_value_t = 256)]
+    pub step_tokens: usize,
+    /// KV transport: ucx when available, else tcp.
+    #[arg(long, env = "CLEAVE_TRANSPORT", value_parser = parse_backend, default_value = "auto")]
+    pub transport: BackendChoice,
+    /// Decode role: how long to wait for a prefill worker before giving up on it.
+    #[arg(long, env = "CLEAVE_PREFILL_TIMEOUT", value_parser = parse_duration, default_value = "30s")]
+    pub prefill_timeout: Duration,
+    /// Decode role: when the prefill worker fails, compute the prompt locally (else fail the
+    /// request).
+    #[arg(long, env = "CLEAVE_LOCAL_FALLBACK", default_value_t = true, action = clap::ArgAction::Set)]
+    pub local_fallback: bool,
+}
+
+/// Parses `auto`, `ucx` or `tcp`.
+pub fn parse_backend(s: &str) -> Result<BackendChoice, String> {
+    match s {
+        "auto" => Ok(BackendChoice::Auto),
+        "ucx" => Ok(BackendChoice::Ucx),
+        "tcp" => Ok(BackendChoice::Tcp),
+        other => Err(format!("unknown transport {other:?} (expected auto, ucx or tcp)")),
+    }
+}
+
+/// Parses `250ms`, `30s`, `2m` or a plain number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (num, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => (&s[..i], &s[i..]),
+        None => (s, "s"),
+    };
+    let n: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+    let secs = match unit {
+        "ms" => n / 1000.0,
+        "s" => n,
+        "m" => n * 60.0,
+        _ => return Err(format!("invalid duration unit in {s:?} (use ms, s or m)")),
+    };
+    if !(secs >= 0.0 && secs.is_finite()) {
+        return Err(format!("invalid duration {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("3").unwrap(), Duration::from_secs(3));
+        assert!(parse_duration("3h").unwrap_err().contains("unit"));
+        assert!(parse_duration("-1s").is_err());
+    }
+}

@@ -1,0 +1,87 @@
+//! Between the gRPC messages and the engine's types, in one place.
+
+use cleave_engine::engine::{FinishReason, SeqEvent, Usage};
+use cleave_engine::sample::{SamplingParams, TokenLogprob};
+use cleave_proto::v1 as pb;
+use tonic::Status;
+
+/// The engine's sampling parameters from the wire; `InvalidArgument` names a bad field.
+pub fn sampling(p: Option<pb::SamplingParams>) -> Result<SamplingParams, Status> {
+    let p = p.ok_or_else(|| Status::invalid_argument("params is required"))?;
+    let params = SamplingParams {
+        temperature: p.temperature,
+        top_k: p.top_k as usize,
+        top_p: if p.top_p == 0.0 { 1.0 } else { p.top_p },
+        seed: p.seed,
+        max_tokens: p.max_tokens as usize,
+        stop: p.stop,
+        stop_token_ids: p.stop_token_ids,
+        ignore_eos: p.ignore_eos,
+        logprobs: p.logprobs.map(|n| n as usize),
+    };
+    params.validate().map_err(Status::invalid_argument)?;
+    Ok(params)
+}
+
+/// The wire form of sampling parameters.
+pub fn sampling_to_wire(p: &SamplingParams) -> pb::SamplingParams {
+    pb::SamplingParams {
+        temperature: p.temperature,
+        top_k: p.top_k as u32,
+        top_p: p.top_p,
+        seed: p.seed,
+        max_tokens: p.max_tokens as u32,
+        stop: p.stop.clone(),
+        stop_token_ids: p.stop_token_ids.clone(),
+        ignore_eos: p.ignore_eos,
+        logprobs: p.logprobs.map(|n| n as u32),
+    }
+}
+
+/// `(logprob, top)` of a token, for the wire.
+pub fn logprob(lp: Option<TokenLogprob>) -> (Option<f32>, Vec<pb::TopLogprob>) {
+    match lp {
+        None => (None, Vec::new()),
+        Some(lp) => (
+            Some(lp.logprob),
+            lp.top
+                .into_iter()
+                .map(|(token, logprob)| pb::TopLogprob { token, logprob })
+                .collect(),
+        ),
+    }
+}
+
+/// The wire name of a finish reason.
+pub fn reason(r: FinishReason) -> &'static str {
+    match r {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::Cancelled => "cancelled",
+        FinishReason::Aborted => "aborted",
+    }
+}
+
+/// A streamed token or the end, for the decode worker's `Generate` stream (`None` for events
+/// that stay inside the worker).
+pub fn generate_event(ev: SeqEvent, disaggregated: bool) -> Option<pb::GenerateEvent> {
+    use pb::generate_event::Event;
+    let event = match ev {
+        SeqEvent::Token { id, text, logprob: lp } => {
+            let (logprob, top) = logprob(lp);
+            Event::Token(pb::Token { id, text, logprob, top })
+        }
+        SeqEvent::Done { reason: r, usage: Usage { prompt_tokens, completion_tokens, cached_tokens }, text } => {
+            Event::Finished(pb::Finished {
+                reason: reason(r).to_string(),
+                prompt_tokens: prompt_tokens as u32,
+                completion_tokens: completion_tokens as u32,
+                cached_tokens: cached_tokens as u32,
+                text,
+                disaggregated,
+            })
+        }
+        _ => return None,
+    };
+    Some(pb::GenerateEvent { event: Some(event) })
+}

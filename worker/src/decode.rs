@@ -1,0 +1,90 @@
+//! The decode role: `Generate` admits a request, gets its prompt KV (from a prefill worker or
+//! computed here) and streams tokens from the continuous batch.
+
+mod import_kv;
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use cleave_engine::engine::{GenerateRequest, PrefillMode, SeqEvent};
+use cleave_proto::v1 as pb;
+use cleave_proto::v1::decode_worker_server::{DecodeWorker, DecodeWorkerServer};
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::serve::WorkerState;
+
+/// The gRPC service.
+pub fn service(state: Arc<WorkerState>) -> DecodeWorkerServer<Decode> {
+    DecodeWorkerServer::new(Decode { state })
+}
+
+/// The decode worker's gRPC handler.
+pub struct Decode {
+    state: Arc<WorkerState>,
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::GenerateEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl DecodeWorker for Decode {
+    type GenerateStream = EventStream;
+    type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<pb::WorkerUpdate, Status>>;
+
+    async fn generate(&self, request: Request<pb::GenerateRequest>) -> Result<Response<EventStream>, Status> {
+        let req = request.into_inner();
+        let params = crate::convert::sampling(req.params)?;
+        let remote = !req.prefill_endpoint.is_empty();
+        let mode = if remote { PrefillMode::Import } else { PrefillMode::Local };
+        let engine = self.state.engine.clone();
+        let (id, mut rx) = engine
+            .submit(GenerateRequest { prompt: req.prompt.clone(), params: params.clone(), mode })
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let (tx, out) = tokio::sync::mpsc::channel(64);
+        let state = self.state.clone();
+        let span = tracing::info_span!("decode", request_id = %req.request_id, seq = id.0, remote);
+        tokio::spawn(tracing::Instrument::instrument(
+            async move {
+                let mut import: Option<tokio::task::JoinHandle<()>> = None;
+                let mut disaggregated = false;
+                while let Some(ev) = rx.recv().await {
+                    if let SeqEvent::KvNeeded { blocks, cached_tokens } = ev {
+                        let job = import_kv::Job {
+                            id,
+                            request_id: req.request_id.clone(),
+                            prompt: req.prompt.clone(),
+                            params: params.clone(),
+                            endpoint: req.prefill_endpoint.clone(),
+                            blocks,
+                            cached_tokens,
+                        };
+                        disaggregated = true;
+                        import = Some(tokio::spawn(import_kv::run(state.clone(), job)));
+                        continue;
+                    }
+                    let done = matches!(ev, SeqEvent::Done { .. });
+                    if let Some(e) = crate::convert::generate_event(ev, disaggregated) {
+                        if tx.send(Ok(e)).await.is_err() {
+                            // The caller went away: stop decoding (and the prefill, below).
+                            engine.cancel(id);
+                            break;
+                        }
+                    }
+                    if done {
+                        break;
+                    }
+                }
+                if let Some(j) = import {
+                    j.abort();
+                }
+            },
+            span,
+        ));
+        let stream: EventStream = Box::pin(tokio_stream::wrappers::ReceiverStream::new(out));
+        Ok(Response::new(stream))
+    }
+
+    async fn watch(&self, _: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        Ok(Response::new(crate::watch::stream(&self.state.watch, &self.state.engine)))
+    }
+}

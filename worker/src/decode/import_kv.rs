@@ -1,0 +1,80 @@
+//! Getting a parked sequence's prompt KV from a prefill worker: it writes straight into this
+//! worker's blocks through the transport and answers with the first token. On error or timeout
+//! the blocks are freed or reused for a local prefill — never decoded from half-written KV
+//! (the sequence only joins the batch after the prefill worker confirmed every write).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use cleave_engine::schedule::SeqId;
+use cleave_engine::sample::SamplingParams;
+use cleave_proto::v1 as pb;
+use cleave_proto::v1::prefill_worker_client::PrefillWorkerClient;
+
+use crate::serve::WorkerState;
+
+/// What to ask the prefill worker for.
+pub struct Job {
+    pub id: SeqId,
+    pub request_id: String,
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    pub endpoint: String,
+    pub blocks: Vec<cleave_engine::kv::BlockId>,
+    pub cached_tokens: usize,
+}
+
+/// Runs the remote prefill and tells the engine how it went.
+pub async fn run(state: Arc<WorkerState>, job: Job) {
+    let started = Instant::now();
+    let timeout = state.config.prefill_timeout;
+    let result = tokio::time::timeout(timeout, call(&state, &job)).await;
+    let outcome = match result {
+        Ok(Ok(resp)) => Ok(resp),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(format!("prefill worker did not answer within {timeout:?}")),
+    };
+    match outcome {
+        Ok(resp) => {
+            state.metrics.disaggregated.inc();
+            state.metrics.transfer_bytes.inc_by(resp.bytes_transferred);
+            state.metrics.transfer_seconds.observe(resp.transfer_seconds);
+            tracing::debug!(elapsed = ?started.elapsed(), bytes = resp.bytes_transferred, "kv imported");
+            state.engine.kv_imported(job.id, resp.first_token);
+        }
+        Err(why) => {
+            let fallback = state.config.local_fallback;
+            tracing::warn!(request_id = %job.request_id, %why, fallback, "remote prefill failed");
+            if fallback {
+                state.metrics.prefill_fallbacks.inc();
+            }
+            state.engine.kv_import_failed(job.id, fallback);
+        }
+    }
+}
+
+async fn call(state: &WorkerState, job: &Job) -> Result<pb::PrefillResponse, String> {
+    let mut client = PrefillWorkerClient::connect(job.endpoint.clone())
+        .await
+        .map_err(|e| format!("connecting to {}: {e}", job.endpoint))?;
+    let address = serde_json::to_vec(&state.transport.local_address()).map_err(|e| e.to_string())?;
+    let region = serde_json::to_vec(&state.region.descriptor()).map_err(|e| e.to_string())?;
+    let bs = state.layout.block_size;
+    let req = pb::PrefillRequest {
+        request_id: job.request_id.clone(),
+        prompt: job.prompt.clone(),
+        params: Some(crate::convert::sampling_to_wire(&job.params)),
+        destination: Some(pb::KvDestination {
+            worker_address: address,
+            region,
+            blocks: job.blocks.iter().map(|b| b.0).collect(),
+            block_bytes: state.layout.block_bytes() as u64,
+            skip_blocks: (job.cached_tokens / bs) as u32,
+        }),
+    };
+    let mut request = tonic::Request::new(req);
+    if let Ok(v) = job.request_id.parse() {
+        request.metadata_mut().insert("x-request-id", v);
+    }
+    client.prefill(request).await.map(|r| r.into_inner()).map_err(|s| format!("prefill worker: {}", s.message()))
+}

@@ -1,0 +1,85 @@
+//! The worker's Prometheus metrics, registered into a registry the caller owns.
+//!
+//! | name | type | meaning |
+//! | --- | --- | --- |
+//! | `cleave_kv_blocks_used` | gauge | KV blocks referenced by sequences |
+//! | `cleave_kv_blocks_total` | gauge | KV blocks in the pool |
+//! | `cleave_worker_queue_depth` | gauge | sequences waiting for admission |
+//! | `cleave_worker_running_sequences` | gauge | sequences in the running batch |
+//! | `cleave_prefix_cache_hit_tokens_total` | counter | prompt tokens served from the prefix cache |
+//! | `cleave_prefix_cache_query_tokens_total` | counter | prompt tokens looked up in the prefix cache |
+//! | `cleave_kv_transfer_bytes_total` | counter | KV bytes written to (prefill) or received from (decode) peers |
+//! | `cleave_kv_transfer_seconds` | histogram | time of one request's KV transfer |
+//! | `cleave_worker_prefill_fallbacks_total` | counter | decode: prompts computed locally because the prefill worker failed |
+//! | `cleave_worker_disaggregated_requests_total` | counter | decode: requests whose KV came from a prefill worker |
+
+use std::sync::Mutex;
+
+use cleave_engine::engine::EngineStats;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// All metrics of one worker.
+#[derive(Debug)]
+pub struct WorkerMetrics {
+    kv_blocks_used: Gauge,
+    kv_blocks_total: Gauge,
+    queue_depth: Gauge,
+    running: Gauge,
+    prefix_hit_tokens: Counter,
+    prefix_query_tokens: Counter,
+    /// KV bytes moved.
+    pub transfer_bytes: Counter,
+    /// Per-request KV transfer time.
+    pub transfer_seconds: Histogram,
+    /// Local prefills after a prefill worker failed.
+    pub prefill_fallbacks: Counter,
+    /// Requests whose KV came from a prefill worker.
+    pub disaggregated: Counter,
+    last: Mutex<(u64, u64)>,
+}
+
+impl WorkerMetrics {
+    /// Creates the metrics and registers them.
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = WorkerMetrics {
+            kv_blocks_used: Gauge::default(),
+            kv_blocks_total: Gauge::default(),
+            queue_depth: Gauge::default(),
+            running: Gauge::default(),
+            prefix_hit_tokens: Counter::default(),
+            prefix_query_tokens: Counter::default(),
+            transfer_bytes: Counter::default(),
+            transfer_seconds: Histogram::new(exponential_buckets(1e-4, 2.0, 18)),
+            prefill_fallbacks: Counter::default(),
+            disaggregated: Counter::default(),
+            last: Mutex::new((0, 0)),
+        };
+        registry.register("cleave_kv_blocks_used", "KV blocks referenced by sequences", m.kv_blocks_used.clone());
+        registry.register("cleave_kv_blocks_total", "KV blocks in the pool", m.kv_blocks_total.clone());
+        registry.register("cleave_worker_queue_depth", "Sequences waiting for admission", m.queue_depth.clone());
+        registry.register("cleave_worker_running_sequences", "Sequences in the running batch", m.running.clone());
+        registry.register("cleave_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache", m.prefix_hit_tokens.clone());
+        registry.register("cleave_prefix_cache_query_tokens", "Prompt tokens looked up in the prefix cache", m.prefix_query_tokens.clone());
+        registry.register("cleave_kv_transfer_bytes", "KV bytes moved between workers", m.transfer_bytes.clone());
+        registry.register("cleave_kv_transfer_seconds", "Time of one request's KV transfer", m.transfer_seconds.clone());
+        registry.register("cleave_worker_prefill_fallbacks", "Prompts computed locally after a prefill worker failed", m.prefill_fallbacks.clone());
+        registry.register("cleave_worker_disaggregated_requests", "Requests whose KV came from a prefill worker", m.disaggregated.clone());
+        m
+    }
+
+    /// Brings the engine-derived metrics up to date (called before each scrape).
+    pub fn observe_engine(&self, s: &EngineStats) {
+        self.kv_blocks_used.set(s.pool.used as i64);
+        self.kv_blocks_total.set(s.pool.total as i64);
+        self.queue_depth.set(s.waiting as i64);
+        self.running.set(s.running as i64);
+        let mut last = self.last.lock().expect("metrics lock");
+        let (hit, query) = (s.counters.prefix_hit_tokens, s.counters.prefix_query_tokens);
+        self.prefix_hit_tokens.inc_by(hit.saturating_sub(last.0));
+        self.prefix_query_tokens.inc_by(query.saturating_sub(last.1));
+        *last = (hit.max(last.0), query.max(last.1));
+    }
+}

@@ -1,0 +1,154 @@
+//! Starting a worker: model, transport-allocated KV memory, engine, gRPC and HTTP servers.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use cleave_engine::engine::{Engine, EngineConfig};
+use cleave_engine::kernels::Threads;
+use cleave_engine::kv::memory::{KvCache, KvLayout};
+use cleave_engine::load::Loaded;
+use cleave_engine::schedule::SchedulerConfig;
+use cleave_kv_transfer::{default_transport, RegionHandle, Transport, TransportConfig};
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Role, WorkerConfig};
+use crate::metrics::WorkerMetrics;
+use crate::watch::WatchHub;
+
+/// Everything a worker's request handlers share.
+pub struct WorkerState {
+    /// Settings.
+    pub config: WorkerConfig,
+    /// The engine.
+    pub engine: Arc<Engine>,
+    /// Moves KV between workers.
+    pub transport: Arc<dyn Transport>,
+    /// This worker's KV region (the engine's KV memory), for transfers.
+    pub region: RegionHandle,
+    /// The engine's KV layout.
+    pub layout: KvLayout,
+    /// Metrics.
+    pub metrics: Arc<WorkerMetrics>,
+    /// KV events and load for routers.
+    pub watch: Arc<WatchHub>,
+    registry: Mutex<Registry>,
+    ready: AtomicBool,
+}
+
+/// A started worker.
+pub struct Running {
+    /// Where gRPC listens.
+    pub grpc_addr: SocketAddr,
+    /// Where /health, /ready and /metrics listen.
+    pub http_addr: SocketAddr,
+    /// Shared state (tests read the engine's stats through it).
+    pub state: Arc<WorkerState>,
+    /// Ends when the servers stop.
+    pub task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+/// Loads the model, allocates the KV pool from the transport and starts serving `role` until
+/// `shutdown`. Returns once both listeners are bound.
+pub async fn run(role: Role, config: WorkerConfig, shutdown: CancellationToken) -> anyhow::Result<Running> {
+    let threads = if config.threads <= 1 { Threads::single() } else { Threads::new(config.threads) };
+    let path = config.model.clone();
+    let loaded = tokio::task::spawn_blocking(move || Loaded::open(&path, threads))
+        .await?
+        .with_context(|| format!("loading {}", config.model.display()))?;
+    let transport = default_transport(&TransportConfig { backend: config.transport, ..Default::default() })
+        .context("starting the KV transport")?;
+    let layout = KvLayout {
+        n_layers: loaded.model.config.n_layers,
+        n_kv_heads: loaded.model.local_kv_heads(),
+        head_dim: loaded.model.config.head_dim,
+        block_size: cleave_engine::kv::DEFAULT_BLOCK_SIZE,
+        dtype: config.kv_dtype,
+    };
+    let region = transport
+        .allocate_region(config.kv_blocks * layout.block_bytes())
+        .context("allocating the KV region")?;
+    let handle = region.handle();
+    let cache = KvCache::new(layout, config.kv_blocks, Box::new(region))?;
+    let engine_config = EngineConfig {
+        num_blocks: config.kv_blocks,
+        kv_dtype: config.kv_dtype,
+        max_model_len: None,
+        scheduler: SchedulerConfig { step_tokens: config.step_tokens, ..Default::default() },
+    };
+    let engine = Arc::new(Engine::start_with_cache(loaded.model.clone(), loaded.tokenizer.clone(), engine_config, cache));
+    let mut registry = Registry::default();
+    let metrics = Arc::new(WorkerMetrics::new(&mut registry));
+    let watch = WatchHub::start(engine.clone(), shutdown.clone());
+    let state = Arc::new(WorkerState {
+        config: config.clone(),
+        engine,
+        transport,
+        region: handle,
+        layout,
+        metrics,
+        watch,
+        registry: Mutex::new(registry),
+        ready: AtomicBool::new(false),
+    });
+    tracing::info!(?role, backend = ?state.transport.backend(), kv_blocks = config.kv_blocks, "worker starting");
+
+    let grpc = TcpListener::bind(config.grpc_addr).await.context("binding the gRPC address")?;
+    let http = TcpListener::bind(config.http_addr).await.context("binding the HTTP address")?;
+    let (grpc_addr, http_addr) = (grpc.local_addr()?, http.local_addr()?);
+
+    let router = tonic::transport::Server::builder();
+    let grpc_server = match role {
+        Role::Decode => router.add_service(crate::decode::service(state.clone())),
+        Role::Prefill => router.add_service(crate::prefill::service(state.clone())),
+    };
+    let stop = shutdown.clone();
+    let grpc_task = tokio::spawn(async move {
+        grpc_server
+            .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stop.cancelled_owned())
+            .await
+    });
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics_text))
+        .with_state(state.clone());
+    let stop = shutdown.clone();
+    let http_task = tokio::spawn(async move {
+        axum::serve(http, app).with_graceful_shutdown(stop.cancelled_owned()).await
+    });
+    state.ready.store(true, Ordering::SeqCst);
+    tracing::info!(%grpc_addr, %http_addr, "worker ready");
+    let task = tokio::spawn(async move {
+        grpc_task.await?.context("gRPC server")?;
+        http_task.await?.context("HTTP server")?;
+        Ok(())
+    });
+    Ok(Running { grpc_addr, http_addr, state, task })
+}
+
+async fn ready(State(s): State<Arc<WorkerState>>) -> (StatusCode, &'static str) {
+    if s.ready.load(Ordering::SeqCst) {
+        (StatusCode::OK, "ready")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "starting")
+    }
+}
+
+async fn metrics_text(State(s): State<Arc<WorkerState>>) -> (StatusCode, [(&'static str, &'static str); 1], String) {
+    s.metrics.observe_engine(&s.engine.stats());
+    let mut out = String::new();
+    let registry = s.registry.lock().expect("registry lock");
+    let status = match prometheus_client::encoding::text::encode(&mut out, &registry) {
+        Ok(()) => StatusCode::OK,
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    (status, [("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], out)
+}
