@@ -7,8 +7,8 @@
 //! ([`WorkerView::charge`], optimistic accounting) and releases it when prefill is done and when
 //! the request finishes. Policies are pure functions of request and view (plus a seeded RNG for
 //! ties), one per file below:
-//! - [`prefix_load`] (default): lowest `prefill_weight·(active_prefill + uncached) + active_decode
-//!   + new_decode` wins, ties by smaller cached tree, then at random;
+//! - [`prefix_load`] (default): lowest `prefill_weight·uncached + queued_prefill_weight·
+//!   active_prefill + active_decode + new_decode` wins, ties by smaller cached tree, then at random;
 //! - [`round_robin`], [`least_load`], [`random`]: baselines that ignore the prefix cache.
 //!
 //! Conditional disaggregation (shared by all policies, [`PlaceConfig::disagg_min_uncached_blocks`]):
@@ -79,8 +79,13 @@ pub enum PlaceError {
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PlaceConfig {
-    /// Weight of prefill blocks against decode blocks in the cost (prefill is compute-bound).
+    /// Weight of the request's uncached prompt blocks against decode blocks in the cost (prefill
+    /// is compute-bound).
     pub prefill_weight: f64,
+    /// Weight of the prefill blocks already queued or running on a worker (ARCHITECTURE.md's
+    /// cost uses `prefill_weight` for both; see [`prefix_load`]). Defaults 16 and 1 were tuned
+    /// on the Mooncake trace with `cleave bench route`.
+    pub queued_prefill_weight: f64,
     /// Prefill on a separate worker only when at least this many prompt blocks are uncached on
     /// the decode worker (`usize::MAX`: never disaggregate).
     pub disagg_min_uncached_blocks: usize,
@@ -91,7 +96,8 @@ pub struct PlaceConfig {
 impl Default for PlaceConfig {
     fn default() -> Self {
         Self {
-            prefill_weight: 1.0,
+            prefill_weight: 16.0,
+            queued_prefill_weight: 1.0,
             disagg_min_uncached_blocks: 32,
             seed: 0x5eed,
         }
