@@ -2,6 +2,7 @@
 //! the engine. `main.rs` only parses arguments and calls [`run`].
 
 pub mod bench;
+pub mod bench_route;
 pub mod fetch;
 pub mod generate;
 pub mod load;
@@ -56,6 +57,9 @@ pub enum BenchCommand {
     /// Prefill and decode throughput of the engine (batch 1, 4, 16), peak RSS, and llama.cpp's
     /// numbers on the same file when llama-cpp-python is installed.
     Engine(bench::BenchArgs),
+    /// Routing at scale, simulated: a Mooncake-format trace through the router's prefix index and
+    /// placement policies against simulated workers (hit rate, load imbalance, TTFT, decisions/s).
+    Route(bench_route::RouteArgs),
 }
 
 /// Options shared by every command that loads a model.
@@ -88,6 +92,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Score(args) => score::score(args),
         Command::Bench { command } => match command {
             BenchCommand::Engine(args) => bench::bench_engine(args),
+            BenchCommand::Route(args) => bench_route::bench_route(args),
         },
     }
 }

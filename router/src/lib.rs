@@ -1,0 +1,17 @@
+//! `cleave-router`: places each request on a prefill and a decode worker.
+//!
+//! The router's hops are `api → admit → place → dispatch → stream`; this crate holds, for now,
+//! the placement hop and a trace-driven simulator of it:
+//! - [`place`]: the [`place::Policy`] trait and its policies (`prefix-load`, the default, plus
+//!   `round-robin`, `least-load`, `random` as baselines), the router's view of worker load with
+//!   optimistic accounting ([`place::WorkerView`]), and the typed result [`place::Placement`].
+//!   Prefix affinity comes from `cleave-kv-index`'s [`cleave_kv_index::PrefixIndex`].
+//! - [`sim`]: replays a Mooncake-format trace through the real index and policies against
+//!   simulated workers (LRU caches emitting KV events, FIFO service with a simple time model)
+//!   and reports hit rate, load imbalance, TTFT and decision rate per policy
+//!   (`cleave bench route`).
+
+#![forbid(unsafe_code)]
+
+pub mod place;
+pub mod sim;

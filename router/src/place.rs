@@ -1,0 +1,236 @@
+//! The placement hop: pick a decode worker and, unless the uncached part of the prompt is short,
+//! a separate prefill worker.
+//!
+//! The caller (the router's dispatch, or the simulator) asks the prefix index for the prompt's
+//! per-worker matches, builds a [`PlacementRequest`], calls [`Policy::place`] with its
+//! [`WorkerView`], and then *charges* the placement to the view right away
+//! ([`WorkerView::charge`], optimistic accounting) and releases it when prefill is done and when
+//! the request finishes. Policies are pure functions of request and view (plus a seeded RNG for
+//! ties), one per file below:
+//! - [`prefix_load`] (default): lowest `prefill_weight·uncached + queued_prefill_weight·
+//!   active_prefill + active_decode + new_decode` wins, ties by smaller cached tree, then at random;
+//! - [`round_robin`], [`least_load`], [`random`]: baselines that ignore the prefix cache.
+//!
+//! Conditional disaggregation (shared by all policies, [`PlaceConfig::disagg_min_uncached_blocks`]):
+//! the decode worker prefills locally (`Placement::prefill == None`) when the prompt's uncached
+//! part on it is below the threshold, when no healthy worker can prefill, or when the chosen
+//! prefill worker is the decode worker itself.
+
+pub mod least_load;
+pub mod prefix_load;
+pub mod random;
+pub mod rng;
+pub mod round_robin;
+pub mod view;
+
+#[cfg(test)]
+mod tests;
+
+use cleave_kv_index::{Matches, WorkerId};
+
+pub use view::{Charge, Load, Role, WorkerState, WorkerView};
+
+/// What a policy needs to know about one request.
+#[derive(Clone, Debug, Default)]
+pub struct PlacementRequest {
+    /// Blocks the prompt occupies (full blocks hashed, plus a partial last one if any).
+    pub prompt_blocks: usize,
+    /// Blocks the request will add while decoding (estimated from `max_tokens`).
+    pub decode_blocks: usize,
+    /// Per-worker leading matches of the prompt's block hashes ([`cleave_kv_index::PrefixIndex::find_matches`]).
+    pub matches: Matches,
+}
+
+impl PlacementRequest {
+    /// Prompt blocks `worker` would have to compute.
+    pub fn uncached_on(&self, worker: WorkerId) -> usize {
+        self.prompt_blocks
+            .saturating_sub(self.matches.matched(worker))
+    }
+}
+
+/// Where a request goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// The worker that prefills and pushes the KV to `decode`; `None`: `decode` prefills locally.
+    pub prefill: Option<WorkerId>,
+    /// The worker that owns the sequence and decodes it.
+    pub decode: WorkerId,
+    /// Prompt blocks already cached on the worker that prefills.
+    pub cached_blocks: usize,
+}
+
+impl Placement {
+    /// The worker that runs the prefill.
+    pub fn prefill_worker(&self) -> WorkerId {
+        self.prefill.unwrap_or(self.decode)
+    }
+}
+
+/// Why a request could not be placed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlaceError {
+    /// No healthy worker with the decode (or both) role is known.
+    #[error("no healthy decode worker")]
+    NoDecodeWorker,
+}
+
+/// Tunables shared by the policies.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PlaceConfig {
+    /// Weight of the request's uncached prompt blocks against decode blocks in the cost (prefill
+    /// is compute-bound).
+    pub prefill_weight: f64,
+    /// Weight of the prefill blocks already queued or running on a worker (ARCHITECTURE.md's
+    /// cost uses `prefill_weight` for both; see [`prefix_load`]). Defaults 16 and 1 were tuned
+    /// on the Mooncake trace with `cleave bench route`.
+    pub queued_prefill_weight: f64,
+    /// Prefill on a separate worker only when at least this many prompt blocks are uncached on
+    /// the decode worker (`usize::MAX`: never disaggregate).
+    pub disagg_min_uncached_blocks: usize,
+    /// Seed of the tie-breaking / random RNG.
+    pub seed: u64,
+}
+
+impl Default for PlaceConfig {
+    fn default() -> Self {
+        Self {
+            prefill_weight: 16.0,
+            queued_prefill_weight: 1.0,
+            disagg_min_uncached_blocks: 32,
+            seed: 0x5eed,
+        }
+    }
+}
+
+/// A placement policy.
+pub trait Policy: Send + Sync {
+    /// The policy's kebab-case name (as in [`PolicyKind`]).
+    fn name(&self) -> &'static str;
+
+    /// Chooses the workers for `req` given the current `workers` view.
+    ///
+    /// # Errors
+    /// [`PlaceError::NoDecodeWorker`] when no healthy worker can decode.
+    fn place(&self, req: &PlacementRequest, workers: &WorkerView) -> Result<Placement, PlaceError>;
+}
+
+/// The available policies.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+#[clap(rename_all = "kebab-case")]
+pub enum PolicyKind {
+    /// Prefix affinity weighed against load (the default).
+    #[default]
+    PrefixLoad,
+    /// Healthy workers in turn.
+    RoundRobin,
+    /// Least loaded worker, ignoring the cache.
+    LeastLoad,
+    /// A uniformly random healthy worker (seeded).
+    Random,
+}
+
+impl PolicyKind {
+    /// Every policy, default first.
+    pub const ALL: [PolicyKind; 4] = [
+        PolicyKind::PrefixLoad,
+        PolicyKind::RoundRobin,
+        PolicyKind::LeastLoad,
+        PolicyKind::Random,
+    ];
+
+    /// The kebab-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::PrefixLoad => "prefix-load",
+            PolicyKind::RoundRobin => "round-robin",
+            PolicyKind::LeastLoad => "least-load",
+            PolicyKind::Random => "random",
+        }
+    }
+
+    /// Builds the policy with `config`.
+    pub fn build(self, config: &PlaceConfig) -> Box<dyn Policy> {
+        match self {
+            PolicyKind::PrefixLoad => Box::new(prefix_load::PrefixLoad::new(config.clone())),
+            PolicyKind::RoundRobin => Box::new(round_robin::RoundRobin::new(config.clone())),
+            PolicyKind::LeastLoad => Box::new(least_load::LeastLoad::new(config.clone())),
+            PolicyKind::Random => Box::new(random::Random::new(config.clone())),
+        }
+    }
+}
+
+/// Healthy workers that can decode.
+pub(crate) fn decode_candidates(view: &WorkerView) -> impl Iterator<Item = &WorkerState> {
+    view.iter().filter(|w| w.healthy && w.role.can_decode())
+}
+
+/// Healthy workers that can prefill.
+pub(crate) fn prefill_candidates(view: &WorkerView) -> impl Iterator<Item = &WorkerState> {
+    view.iter().filter(|w| w.healthy && w.role.can_prefill())
+}
+
+/// Applies conditional disaggregation once the decode worker is chosen: `pick_prefill` is called
+/// only when a separate prefill is worth it, with the healthy prefill-capable workers.
+pub(crate) fn finish<'a>(
+    decode: WorkerId,
+    req: &PlacementRequest,
+    config: &PlaceConfig,
+    view: &'a WorkerView,
+    pick_prefill: impl FnOnce(&mut dyn Iterator<Item = &'a WorkerState>) -> Option<WorkerId>,
+) -> Placement {
+    let local = Placement {
+        prefill: None,
+        decode,
+        cached_blocks: req.matches.matched(decode).min(req.prompt_blocks),
+    };
+    if req.uncached_on(decode) < config.disagg_min_uncached_blocks {
+        return local;
+    }
+    match pick_prefill(&mut prefill_candidates(view)) {
+        Some(p) if p != decode => Placement {
+            prefill: Some(p),
+            decode,
+            cached_blocks: req.matches.matched(p).min(req.prompt_blocks),
+        },
+        _ => local,
+    }
+}
+
+/// Among `items` with the lowest key, then the smallest `tie` key, one chosen by `rng`.
+pub(crate) fn argmin_random<T: Copy>(
+    items: impl Iterator<Item = (T, f64, usize)>,
+    rng: &rng::SharedRng,
+) -> Option<T> {
+    let mut best: Vec<T> = Vec::new();
+    let mut best_key = (f64::INFINITY, usize::MAX);
+    for (item, cost, tie) in items {
+        match cost.total_cmp(&best_key.0).then(tie.cmp(&best_key.1)) {
+            std::cmp::Ordering::Less => {
+                best.clear();
+                best.push(item);
+                best_key = (cost, tie);
+            }
+            std::cmp::Ordering::Equal => best.push(item),
+            std::cmp::Ordering::Greater => {}
+        }
+    }
+    match best.len() {
+        0 => None,
+        1 => Some(best[0]),
+        n => Some(best[rng.below(n)]),
+    }
+}

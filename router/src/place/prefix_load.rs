@@ -1,0 +1,77 @@
+//! `prefix-load`, the default policy: prefix affinity weighed against load.
+//!
+//! For each healthy decode-capable worker `w`, with its effective load (reports and the
+//! router's optimistic charges, [`super::WorkerView`]):
+//!
+//! ```text
+//! cost(w) = prefill_weight · uncached_prompt_blocks(w)
+//!         + queued_prefill_weight · active_prefill_blocks(w)
+//!         + active_decode_blocks(w) + new_decode_blocks
+//! ```
+//!
+//! With `queued_prefill_weight == prefill_weight` this is ARCHITECTURE.md's
+//! `prefill_weight · (active_prefill + uncached) + active_decode + new_decode` (the
+//! [`PlaceConfig`] default). The two weights are separate because the trace simulation showed
+//! that charging queued prefill work at the full prefill weight pushes requests off the worker
+//! holding their prefix at the first sign of a queue, halving the hit rate; see `router::sim`.
+//!
+//! where `uncached_prompt_blocks(w)` is the prompt minus the leading blocks the prefix index says
+//! `w` holds, and `new_decode_blocks` the request's prompt and decode blocks. Lowest cost wins;
+//! ties go to the smaller cached tree (keeps room where caches are full), then to a seeded random
+//! pick, never the first in the list. If the prompt's uncached part on the winner is long enough
+//! to disaggregate, the prefill worker is the prefill-capable worker with the lowest
+//! `prefill_weight · uncached_prompt_blocks + queued_prefill_weight · active_prefill_blocks`,
+//! same tie rules.
+
+use super::rng::SharedRng;
+use super::{
+    argmin_random, decode_candidates, finish, PlaceConfig, PlaceError, Placement, PlacementRequest,
+    Policy, WorkerView,
+};
+
+/// The `prefix-load` policy.
+#[derive(Debug)]
+pub struct PrefixLoad {
+    config: PlaceConfig,
+    rng: SharedRng,
+}
+
+impl PrefixLoad {
+    /// The policy with `config` (its seed drives tie-breaking).
+    pub fn new(config: PlaceConfig) -> Self {
+        let rng = SharedRng::new(config.seed);
+        Self { config, rng }
+    }
+}
+
+impl Policy for PrefixLoad {
+    fn name(&self) -> &'static str {
+        "prefix-load"
+    }
+
+    fn place(&self, req: &PlacementRequest, workers: &WorkerView) -> Result<Placement, PlaceError> {
+        let (pw, qw) = (
+            self.config.prefill_weight,
+            self.config.queued_prefill_weight,
+        );
+        let new_decode = (req.prompt_blocks + req.decode_blocks) as f64;
+        let tree = |id| req.matches.get(id).map_or(0, |e| e.cached_blocks);
+        let prefill_cost = |w: &super::WorkerState| {
+            pw * req.uncached_on(w.id) as f64 + qw * w.load().prefill_blocks as f64
+        };
+        let decode = argmin_random(
+            decode_candidates(workers).map(|w| {
+                let cost = prefill_cost(w) + w.load().decode_blocks as f64 + new_decode;
+                (w.id, cost, tree(w.id))
+            }),
+            &self.rng,
+        )
+        .ok_or(PlaceError::NoDecodeWorker)?;
+        Ok(finish(decode, req, &self.config, workers, |candidates| {
+            argmin_random(
+                candidates.map(|w| (w.id, prefill_cost(w), tree(w.id))),
+                &self.rng,
+            )
+        }))
+    }
+}

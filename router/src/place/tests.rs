@@ -1,0 +1,270 @@
+//! Unit tests of the placement policies and the optimistic accounting.
+
+use std::collections::HashMap;
+
+use cleave_kv_index::{MatchEntry, Matches, WorkerId};
+
+use super::*;
+
+fn view(n: u64) -> WorkerView {
+    let mut v = WorkerView::new();
+    for i in 0..n {
+        v.upsert(WorkerId(i), Role::Both);
+    }
+    v
+}
+
+/// `matched[i]` leading blocks cached on worker i (tree size = matched).
+fn req(prompt_blocks: usize, matched: &[usize]) -> PlacementRequest {
+    PlacementRequest {
+        prompt_blocks,
+        decode_blocks: 1,
+        matches: Matches::from_entries(
+            matched
+                .iter()
+                .enumerate()
+                .map(|(i, &m)| MatchEntry {
+                    worker: WorkerId(i as u64),
+                    matched_blocks: m,
+                    cached_blocks: m,
+                })
+                .collect(),
+        ),
+    }
+}
+
+fn local_only() -> PlaceConfig {
+    PlaceConfig {
+        disagg_min_uncached_blocks: usize::MAX,
+        ..PlaceConfig::default()
+    }
+}
+
+fn all_policies(config: &PlaceConfig) -> Vec<Box<dyn Policy>> {
+    PolicyKind::ALL.iter().map(|k| k.build(config)).collect()
+}
+
+#[test]
+fn prefix_affinity_wins_when_load_is_equal() {
+    let p = PolicyKind::PrefixLoad.build(&local_only());
+    let v = view(4);
+    for _ in 0..20 {
+        let got = p.place(&req(20, &[0, 0, 15, 3]), &v).unwrap();
+        assert_eq!(got.decode, WorkerId(2));
+        assert_eq!(got.prefill, None);
+        assert_eq!(got.cached_blocks, 15);
+    }
+}
+
+#[test]
+fn load_wins_when_the_cached_worker_is_overloaded() {
+    let p = PolicyKind::PrefixLoad.build(&local_only());
+    let mut v = view(3);
+    v.report(
+        WorkerId(1),
+        Load {
+            prefill_blocks: 100,
+            decode_blocks: 400,
+            queue_depth: 8,
+        },
+    );
+    let got = p.place(&req(20, &[0, 20, 0]), &v).unwrap();
+    assert_ne!(got.decode, WorkerId(1));
+    // With a light load, the cache wins again.
+    v.report(
+        WorkerId(1),
+        Load {
+            prefill_blocks: 0,
+            decode_blocks: 10,
+            queue_depth: 1,
+        },
+    );
+    assert_eq!(
+        p.place(&req(20, &[0, 20, 0]), &v).unwrap().decode,
+        WorkerId(1)
+    );
+}
+
+#[test]
+fn a_burst_without_cache_spreads_with_optimistic_accounting() {
+    for kind in [PolicyKind::PrefixLoad, PolicyKind::LeastLoad] {
+        let p = kind.build(&local_only());
+        let mut v = view(8);
+        let mut per_worker: HashMap<WorkerId, usize> = HashMap::new();
+        let mut charges = Vec::new();
+        for _ in 0..64 {
+            let r = req(10, &[0; 8]);
+            let got = p.place(&r, &v).unwrap();
+            *per_worker.entry(got.decode).or_default() += 1;
+            charges.push(v.charge(&r, &got));
+        }
+        assert_eq!(per_worker.len(), 8, "{kind:?}: {per_worker:?}");
+        assert!(
+            per_worker.values().all(|&c| c == 8),
+            "{kind:?}: {per_worker:?}"
+        );
+        for c in charges {
+            v.release(c);
+        }
+        assert!(v.iter().all(|w| w.inflight == Load::default()));
+    }
+}
+
+#[test]
+fn ties_are_not_broken_by_list_order() {
+    // No charging: every call sees the same idle view, so only the tie-break decides.
+    let p = PolicyKind::PrefixLoad.build(&local_only());
+    let v = view(4);
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..100 {
+        seen.insert(p.place(&req(10, &[0; 4]), &v).unwrap().decode);
+    }
+    assert_eq!(seen.len(), 4, "{seen:?}");
+}
+
+#[test]
+fn ties_prefer_the_smaller_cached_tree() {
+    let p = PolicyKind::PrefixLoad.build(&local_only());
+    let v = view(3);
+    let mut r = req(10, &[0, 0, 0]);
+    r.matches = Matches::from_entries(
+        [(0, 50), (1, 5), (2, 70)]
+            .into_iter()
+            .map(|(w, tree)| MatchEntry {
+                worker: WorkerId(w),
+                matched_blocks: 0,
+                cached_blocks: tree,
+            })
+            .collect(),
+    );
+    for _ in 0..20 {
+        assert_eq!(p.place(&r, &v).unwrap().decode, WorkerId(1));
+    }
+}
+
+#[test]
+fn unhealthy_workers_are_never_chosen() {
+    for p in all_policies(&PlaceConfig::default()) {
+        let mut v = view(4);
+        v.set_healthy(WorkerId(0), false);
+        v.set_healthy(WorkerId(2), false);
+        for _ in 0..50 {
+            // Worker 0 holds the whole prompt: prefix-load would love it.
+            let got = p.place(&req(64, &[64, 0, 0, 0]), &v).unwrap();
+            assert!(
+                [WorkerId(1), WorkerId(3)].contains(&got.decode),
+                "{}",
+                p.name()
+            );
+            if let Some(pf) = got.prefill {
+                assert!([WorkerId(1), WorkerId(3)].contains(&pf), "{}", p.name());
+            }
+        }
+        v.set_healthy(WorkerId(1), false);
+        v.set_healthy(WorkerId(3), false);
+        assert_eq!(
+            p.place(&req(4, &[0; 4]), &v),
+            Err(PlaceError::NoDecodeWorker)
+        );
+    }
+}
+
+#[test]
+fn conditional_disaggregation_threshold() {
+    let config = PlaceConfig {
+        disagg_min_uncached_blocks: 8,
+        ..PlaceConfig::default()
+    };
+    let mut v = WorkerView::new();
+    v.upsert(WorkerId(0), Role::Prefill);
+    v.upsert(WorkerId(1), Role::Decode);
+    v.upsert(WorkerId(2), Role::Prefill);
+    for p in all_policies(&config) {
+        // 10 prompt blocks, 4 cached on the decode worker: 6 uncached < 8 → local prefill.
+        let got = p.place(&req(10, &[0, 4, 0]), &v).unwrap();
+        assert_eq!(
+            (got.prefill, got.decode),
+            (None, WorkerId(1)),
+            "{}",
+            p.name()
+        );
+        assert_eq!(got.cached_blocks, 4);
+        // 2 cached: 8 uncached ≥ 8 → a prefill worker.
+        let got = p.place(&req(10, &[0, 2, 0]), &v).unwrap();
+        assert_eq!(got.decode, WorkerId(1), "{}", p.name());
+        assert!(matches!(got.prefill, Some(WorkerId(0 | 2))), "{}", p.name());
+    }
+    // prefix-load sends the prefill where the prompt is cached.
+    let p = PolicyKind::PrefixLoad.build(&config);
+    let got = p.place(&req(40, &[0, 0, 30]), &v).unwrap();
+    assert_eq!(got.prefill, Some(WorkerId(2)));
+    assert_eq!(got.cached_blocks, 30);
+    // No prefill-capable worker: local.
+    let mut v = WorkerView::new();
+    v.upsert(WorkerId(1), Role::Decode);
+    assert_eq!(p.place(&req(40, &[0, 0, 0]), &v).unwrap().prefill, None);
+}
+
+#[test]
+fn charges_follow_prefill_and_release() {
+    let mut v = view(2);
+    let r = req(10, &[0, 0]);
+    let placement = Placement {
+        prefill: Some(WorkerId(0)),
+        decode: WorkerId(1),
+        cached_blocks: 3,
+    };
+    let mut c = v.charge(&r, &placement);
+    assert_eq!(v.get(WorkerId(0)).unwrap().load().prefill_blocks, 7);
+    assert_eq!(v.get(WorkerId(1)).unwrap().load().decode_blocks, 11);
+    assert_eq!(v.get(WorkerId(1)).unwrap().load().queue_depth, 1);
+    v.prefill_done(&mut c);
+    v.prefill_done(&mut c);
+    assert_eq!(v.get(WorkerId(0)).unwrap().load().prefill_blocks, 0);
+    // A report larger than the router's own charges wins.
+    v.report(
+        WorkerId(1),
+        Load {
+            prefill_blocks: 0,
+            decode_blocks: 50,
+            queue_depth: 3,
+        },
+    );
+    assert_eq!(v.get(WorkerId(1)).unwrap().load().decode_blocks, 50);
+    v.release(c);
+    assert_eq!(v.get(WorkerId(1)).unwrap().inflight, Load::default());
+}
+
+#[test]
+fn round_robin_cycles_and_random_is_seeded() {
+    let v = view(3);
+    let rr = PolicyKind::RoundRobin.build(&local_only());
+    let got: Vec<_> = (0..6)
+        .map(|_| rr.place(&req(1, &[0; 3]), &v).unwrap().decode.0)
+        .collect();
+    assert_eq!(got, [0, 1, 2, 0, 1, 2]);
+    let a = PolicyKind::Random.build(&local_only());
+    let b = PolicyKind::Random.build(&local_only());
+    let pa: Vec<_> = (0..20)
+        .map(|_| a.place(&req(1, &[0; 3]), &v).unwrap().decode)
+        .collect();
+    let pb: Vec<_> = (0..20)
+        .map(|_| b.place(&req(1, &[0; 3]), &v).unwrap().decode)
+        .collect();
+    assert_eq!(pa, pb);
+}
+
+#[test]
+fn policy_kind_names_are_kebab_case() {
+    for k in PolicyKind::ALL {
+        assert_eq!(
+            serde_json::to_string(&k).unwrap(),
+            format!("\"{}\"", k.name())
+        );
+        assert_eq!(k.build(&PlaceConfig::default()).name(), k.name());
+        assert_eq!(
+            <PolicyKind as clap::ValueEnum>::from_str(k.name(), false),
+            Ok(k)
+        );
+    }
+}

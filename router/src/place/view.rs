@@ -1,0 +1,215 @@
+//! The router's view of its workers: role, health, reported load, and the load the router has
+//! itself dispatched and not yet seen finish (optimistic accounting).
+//!
+//! Effective load = per field, the larger of the last report and the router's own in-flight
+//! charges. A request counts against its workers the moment it is placed ([`WorkerView::charge`]),
+//! so a burst placed between two load reports spreads instead of herding onto the worker that
+//! looked idle; reports still bring in load the router does not know about (other routers,
+//! requests it lost track of). The prefill part of a charge is released at
+//! [`WorkerView::prefill_done`], the rest at [`WorkerView::release`].
+
+use cleave_kv_index::WorkerId;
+
+use super::{Placement, PlacementRequest};
+
+/// What a worker does.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    clap::ValueEnum,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    /// Prefills only (pushes KV to decode workers).
+    Prefill,
+    /// Decodes only (prefills locally when not disaggregated).
+    Decode,
+    /// Both.
+    #[default]
+    Both,
+}
+
+impl Role {
+    /// Whether the worker can run a remote prefill.
+    pub fn can_prefill(self) -> bool {
+        matches!(self, Role::Prefill | Role::Both)
+    }
+
+    /// Whether the worker can own and decode a sequence.
+    pub fn can_decode(self) -> bool {
+        matches!(self, Role::Decode | Role::Both)
+    }
+}
+
+/// Load of one worker, in KV blocks and requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Load {
+    /// Prompt blocks waiting to be or being prefilled.
+    pub prefill_blocks: u64,
+    /// Blocks of sequences it owns for decoding.
+    pub decode_blocks: u64,
+    /// Requests queued or running.
+    pub queue_depth: u64,
+}
+
+impl Load {
+    fn max(self, o: Load) -> Load {
+        Load {
+            prefill_blocks: self.prefill_blocks.max(o.prefill_blocks),
+            decode_blocks: self.decode_blocks.max(o.decode_blocks),
+            queue_depth: self.queue_depth.max(o.queue_depth),
+        }
+    }
+}
+
+/// One worker as the router sees it.
+#[derive(Clone, Debug)]
+pub struct WorkerState {
+    pub id: WorkerId,
+    pub role: Role,
+    pub healthy: bool,
+    /// The worker's last load report.
+    pub reported: Load,
+    /// What this router has placed on it and not yet released.
+    pub inflight: Load,
+}
+
+impl WorkerState {
+    /// The load policies use: the larger of report and in-flight charges, per field.
+    pub fn load(&self) -> Load {
+        self.reported.max(self.inflight)
+    }
+}
+
+/// What [`WorkerView::charge`] added; give it back with [`WorkerView::prefill_done`] and
+/// [`WorkerView::release`]. Not `Clone`, so it cannot be released twice.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Charge {
+    prefill: Option<(WorkerId, u64)>,
+    decode: (WorkerId, u64),
+}
+
+/// The router's workers, sorted by id.
+#[derive(Clone, Debug, Default)]
+pub struct WorkerView {
+    workers: Vec<WorkerState>,
+}
+
+impl WorkerView {
+    /// An empty view.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `id` (healthy, no load) or updates its role.
+    pub fn upsert(&mut self, id: WorkerId, role: Role) {
+        match self.position(id) {
+            Ok(i) => self.workers[i].role = role,
+            Err(i) => self.workers.insert(
+                i,
+                WorkerState {
+                    id,
+                    role,
+                    healthy: true,
+                    reported: Load::default(),
+                    inflight: Load::default(),
+                },
+            ),
+        }
+    }
+
+    /// Drops `id`. Charges on it are released as no-ops later.
+    pub fn remove(&mut self, id: WorkerId) {
+        if let Ok(i) = self.position(id) {
+            self.workers.remove(i);
+        }
+    }
+
+    /// Marks `id` healthy or not; unhealthy workers are never chosen.
+    pub fn set_healthy(&mut self, id: WorkerId, healthy: bool) {
+        if let Some(w) = self.get_mut(id) {
+            w.healthy = healthy;
+        }
+    }
+
+    /// Records `id`'s latest load report.
+    pub fn report(&mut self, id: WorkerId, load: Load) {
+        if let Some(w) = self.get_mut(id) {
+            w.reported = load;
+        }
+    }
+
+    /// The worker `id`.
+    pub fn get(&self, id: WorkerId) -> Option<&WorkerState> {
+        self.position(id).ok().map(|i| &self.workers[i])
+    }
+
+    /// All workers, by id.
+    pub fn iter(&self) -> impl Iterator<Item = &WorkerState> {
+        self.workers.iter()
+    }
+
+    /// Number of workers.
+    pub fn len(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.workers.is_empty()
+    }
+
+    /// Counts `placement` of `req` against its workers now: the uncached prompt blocks as prefill
+    /// load on the prefilling worker, the prompt and decode blocks plus one queued request on the
+    /// decode worker.
+    pub fn charge(&mut self, req: &PlacementRequest, placement: &Placement) -> Charge {
+        let uncached = req.prompt_blocks.saturating_sub(placement.cached_blocks) as u64;
+        let decode_blocks = (req.prompt_blocks + req.decode_blocks) as u64;
+        let prefill = (placement.prefill_worker(), uncached);
+        if let Some(w) = self.get_mut(prefill.0) {
+            w.inflight.prefill_blocks += uncached;
+        }
+        if let Some(w) = self.get_mut(placement.decode) {
+            w.inflight.decode_blocks += decode_blocks;
+            w.inflight.queue_depth += 1;
+        }
+        Charge {
+            prefill: Some(prefill),
+            decode: (placement.decode, decode_blocks),
+        }
+    }
+
+    /// The prefill of `charge` is done: its prefill load goes away (idempotent).
+    pub fn prefill_done(&mut self, charge: &mut Charge) {
+        if let Some((id, blocks)) = charge.prefill.take() {
+            if let Some(w) = self.get_mut(id) {
+                w.inflight.prefill_blocks = w.inflight.prefill_blocks.saturating_sub(blocks);
+            }
+        }
+    }
+
+    /// The request finished (or failed): everything left of `charge` goes away.
+    pub fn release(&mut self, mut charge: Charge) {
+        self.prefill_done(&mut charge);
+        let (id, blocks) = charge.decode;
+        if let Some(w) = self.get_mut(id) {
+            w.inflight.decode_blocks = w.inflight.decode_blocks.saturating_sub(blocks);
+            w.inflight.queue_depth = w.inflight.queue_depth.saturating_sub(1);
+        }
+    }
+
+    fn position(&self, id: WorkerId) -> Result<usize, usize> {
+        self.workers.binary_search_by_key(&id, |w| w.id)
+    }
+
+    fn get_mut(&mut self, id: WorkerId) -> Option<&mut WorkerState> {
+        self.position(id).ok().map(|i| &mut self.workers[i])
+    }
+}
