@@ -24,3 +24,61 @@ pub mod watch;
 
 pub use config::{Role, WorkerConfig};
 pub use serve::{run, Running};
+
+/// Command line of both worker binaries.
+#[derive(Debug, clap::Parser)]
+#[command(version, about = "cleave worker")]
+struct Cli {
+    #[command(flatten)]
+    config: WorkerConfig,
+}
+
+/// The whole `main` of a worker binary: parse flags, init logging, serve until Ctrl-C/SIGTERM.
+pub fn main_for(role: Role) -> std::process::ExitCode {
+    use clap::Parser;
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("CLEAVE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: starting the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result: anyhow::Result<()> = rt.block_on(async move {
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let running = run(role, cli.config, shutdown.clone()).await?;
+        // One line on stdout that launchers (cleave up, tests) read to find the ports.
+        println!("{{\"grpc\":\"{}\",\"http\":\"{}\"}}", running.grpc_addr, running.http_addr);
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            let _ = tokio::signal::ctrl_c().await;
+            stop.cancel();
+        });
+        #[cfg(unix)]
+        {
+            let stop = shutdown.clone();
+            tokio::spawn(async move {
+                if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    s.recv().await;
+                    stop.cancel();
+                }
+            });
+        }
+        running.task.await??;
+        Ok(())
+    });
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,5 @@
+//! `cleave-decode`: the decode worker.
+
+fn main() -> std::process::ExitCode {
+    cleave_worker::main_for(cleave_worker::Role::Decode)
+}

@@ -1,0 +1,127 @@
+//! Computing a prompt in export mode and writing each finished block into the decode worker's
+//! region through the transport while later chunks still compute.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use cleave_engine::engine::{GenerateRequest, PrefillMode, SeqEvent};
+use cleave_engine::schedule::SeqId;
+use cleave_kv_transfer::{RegionDescriptor, WorkerAddress, WriteOp};
+use cleave_proto::v1 as pb;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+
+use crate::serve::WorkerState;
+
+/// Cancels the sequence and its transfers unless disarmed (the request finished normally).
+struct Guard<'a> {
+    state: &'a WorkerState,
+    id: SeqId,
+    cancel: CancellationToken,
+    armed: bool,
+}
+
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.cancel.cancel();
+            self.state.engine.cancel(self.id);
+        }
+    }
+}
+
+fn bad(what: &str) -> Status {
+    Status::invalid_argument(what.to_string())
+}
+
+/// Runs one prefill request to completion.
+pub async fn run(state: Arc<WorkerState>, req: pb::PrefillRequest) -> Result<pb::PrefillResponse, Status> {
+    let dest = req.destination.ok_or_else(|| bad("destination is required"))?;
+    let bb = state.layout.block_bytes();
+    if dest.block_bytes != bb as u64 {
+        return Err(bad(&format!(
+            "destination blocks are {} bytes but this worker's are {bb}: the workers must load the same model with the same KV dtype",
+            dest.block_bytes
+        )));
+    }
+    if dest.blocks.len() < req.prompt.len().div_ceil(state.layout.block_size) {
+        return Err(bad("destination has fewer blocks than the prompt needs"));
+    }
+    let peer: WorkerAddress = serde_json::from_slice(&dest.worker_address).map_err(|e| bad(&format!("worker_address: {e}")))?;
+    let remote: RegionDescriptor = serde_json::from_slice(&dest.region).map_err(|e| bad(&format!("region: {e}")))?;
+    let mut params = crate::convert::sampling(req.params)?;
+    params.max_tokens = 1;
+    let started = Instant::now();
+    let (id, mut rx) = state
+        .engine
+        .submit(GenerateRequest { prompt: req.prompt, params, mode: PrefillMode::Export })
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    let cancel = CancellationToken::new();
+    let mut guard = Guard { state: &state, id, cancel: cancel.clone(), armed: true };
+    let skip = dest.skip_blocks as usize;
+    let peer = Arc::new(peer);
+    let remote = Arc::new(remote);
+    let mut writes: JoinSet<Result<u64, String>> = JoinSet::new();
+    let (mut first, mut lease, mut compute_done) = (None, None, None);
+    let mut cached_tokens = 0;
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            SeqEvent::KvReady { blocks } => {
+                let ops: Vec<WriteOp> = blocks
+                    .iter()
+                    .filter(|(i, _)| *i >= skip)
+                    .map(|&(i, b)| WriteOp {
+                        local_offset: b.0 as usize * bb,
+                        remote_offset: dest.blocks[i] as usize * bb,
+                        len: bb,
+                    })
+                    .collect();
+                if ops.is_empty() {
+                    continue;
+                }
+                let (t, peer, remote, local, c) =
+                    (state.transport.clone(), peer.clone(), remote.clone(), state.region.clone(), cancel.child_token());
+                writes.spawn(async move {
+                    t.write(&peer, &remote, &ops, &local, c).await.map(|s| s.bytes).map_err(|e| e.to_string())
+                });
+            }
+            SeqEvent::Token { id, logprob, .. } => first = Some((id, logprob)),
+            SeqEvent::Held(l) => lease = Some(l),
+            SeqEvent::Done { usage, .. } => {
+                cached_tokens = usage.cached_tokens;
+                compute_done = Some(started.elapsed());
+                break;
+            }
+            SeqEvent::KvNeeded { .. } => {}
+        }
+    }
+    let compute = compute_done.ok_or_else(|| Status::unavailable("the engine stopped"))?;
+    let transfer_start = Instant::now();
+    let mut bytes = 0;
+    while let Some(r) = writes.join_next().await {
+        match r {
+            Ok(Ok(n)) => bytes += n,
+            Ok(Err(e)) => return Err(Status::unavailable(format!("writing KV to the decode worker: {e}"))),
+            Err(e) => return Err(Status::internal(format!("transfer task: {e}"))),
+        }
+    }
+    // Every block is at the decode worker: ours can go back to the pool (cached).
+    drop(lease);
+    guard.armed = false;
+    let (token, lp) = first.ok_or_else(|| Status::unavailable("the prefill produced no token"))?;
+    let (logprob, top) = crate::convert::logprob(lp);
+    state.metrics.transfer_bytes.inc_by(bytes);
+    // Transfers overlap the compute; this is what remained after the last chunk.
+    let transfer = transfer_start.elapsed().as_secs_f64();
+    state.metrics.transfer_seconds.observe(transfer);
+    Ok(pb::PrefillResponse {
+        first_token: token,
+        logprob,
+        top,
+        bytes_transferred: bytes,
+        compute_seconds: compute.as_secs_f64(),
+        transfer_seconds: transfer,
+        cached_tokens: cached_tokens as u32,
+    })
+}
