@@ -60,7 +60,9 @@ pub fn parse_backend(s: &str) -> Result<BackendChoice, String> {
         "auto" => Ok(BackendChoice::Auto),
         "ucx" => Ok(BackendChoice::Ucx),
         "tcp" => Ok(BackendChoice::Tcp),
-        other => Err(format!("unknown transport {other:?} (expected auto, ucx or tcp)")),
+        other => Err(format!(
+            "unknown transport {other:?} (expected auto, ucx or tcp)"
+        )),
     }
 }
 

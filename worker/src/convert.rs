@@ -67,20 +67,36 @@ pub fn reason(r: FinishReason) -> &'static str {
 pub fn generate_event(ev: SeqEvent, disaggregated: bool) -> Option<pb::GenerateEvent> {
     use pb::generate_event::Event;
     let event = match ev {
-        SeqEvent::Token { id, text, logprob: lp } => {
+        SeqEvent::Token {
+            id,
+            text,
+            logprob: lp,
+        } => {
             let (logprob, top) = logprob(lp);
-            Event::Token(pb::Token { id, text, logprob, top })
-        }
-        SeqEvent::Done { reason: r, usage: Usage { prompt_tokens, completion_tokens, cached_tokens }, text } => {
-            Event::Finished(pb::Finished {
-                reason: reason(r).to_string(),
-                prompt_tokens: prompt_tokens as u32,
-                completion_tokens: completion_tokens as u32,
-                cached_tokens: cached_tokens as u32,
+            Event::Token(pb::Token {
+                id,
                 text,
-                disaggregated,
+                logprob,
+                top,
             })
         }
+        SeqEvent::Done {
+            reason: r,
+            usage:
+                Usage {
+                    prompt_tokens,
+                    completion_tokens,
+                    cached_tokens,
+                },
+            text,
+        } => Event::Finished(pb::Finished {
+            reason: reason(r).to_string(),
+            prompt_tokens: prompt_tokens as u32,
+            completion_tokens: completion_tokens as u32,
+            cached_tokens: cached_tokens as u32,
+            text,
+            disaggregated,
+        }),
         _ => return None,
     };
     Some(pb::GenerateEvent { event: Some(event) })

@@ -31,14 +31,25 @@ impl DecodeWorker for Decode {
     type GenerateStream = EventStream;
     type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<pb::WorkerUpdate, Status>>;
 
-    async fn generate(&self, request: Request<pb::GenerateRequest>) -> Result<Response<EventStream>, Status> {
+    async fn generate(
+        &self,
+        request: Request<pb::GenerateRequest>,
+    ) -> Result<Response<EventStream>, Status> {
         let req = request.into_inner();
         let params = crate::convert::sampling(req.params)?;
         let remote = !req.prefill_endpoint.is_empty();
-        let mode = if remote { PrefillMode::Import } else { PrefillMode::Local };
+        let mode = if remote {
+            PrefillMode::Import
+        } else {
+            PrefillMode::Local
+        };
         let engine = self.state.engine.clone();
         let (id, mut rx) = engine
-            .submit(GenerateRequest { prompt: req.prompt.clone(), params: params.clone(), mode })
+            .submit(GenerateRequest {
+                prompt: req.prompt.clone(),
+                params: params.clone(),
+                mode,
+            })
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let (tx, out) = tokio::sync::mpsc::channel(64);
         let state = self.state.clone();
@@ -48,7 +59,11 @@ impl DecodeWorker for Decode {
                 let mut import: Option<tokio::task::JoinHandle<()>> = None;
                 let mut disaggregated = false;
                 while let Some(ev) = rx.recv().await {
-                    if let SeqEvent::KvNeeded { blocks, cached_tokens } = ev {
+                    if let SeqEvent::KvNeeded {
+                        blocks,
+                        cached_tokens,
+                    } = ev
+                    {
                         let job = import_kv::Job {
                             id,
                             request_id: req.request_id.clone(),
@@ -84,7 +99,13 @@ impl DecodeWorker for Decode {
         Ok(Response::new(stream))
     }
 
-    async fn watch(&self, _: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
-        Ok(Response::new(crate::watch::stream(&self.state.watch, &self.state.engine)))
+    async fn watch(
+        &self,
+        _: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        Ok(Response::new(crate::watch::stream(
+            &self.state.watch,
+            &self.state.engine,
+        )))
     }
 }

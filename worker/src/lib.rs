@@ -44,7 +44,11 @@ pub fn main_for(role: Role) -> std::process::ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: starting the runtime: {e}");
@@ -55,7 +59,10 @@ pub fn main_for(role: Role) -> std::process::ExitCode {
         let shutdown = tokio_util::sync::CancellationToken::new();
         let running = run(role, cli.config, shutdown.clone()).await?;
         // One line on stdout that launchers (cleave up, tests) read to find the ports.
-        println!("{{\"grpc\":\"{}\",\"http\":\"{}\"}}", running.grpc_addr, running.http_addr);
+        println!(
+            "{{\"grpc\":\"{}\",\"http\":\"{}\"}}",
+            running.grpc_addr, running.http_addr
+        );
         let stop = shutdown.clone();
         tokio::spawn(async move {
             let _ = tokio::signal::ctrl_c().await;
@@ -65,7 +72,9 @@ pub fn main_for(role: Role) -> std::process::ExitCode {
         {
             let stop = shutdown.clone();
             tokio::spawn(async move {
-                if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                if let Ok(mut s) =
+                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                {
                     s.recv().await;
                     stop.cancel();
                 }

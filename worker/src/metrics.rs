@@ -57,16 +57,56 @@ impl WorkerMetrics {
             disaggregated: Counter::default(),
             last: Mutex::new((0, 0)),
         };
-        registry.register("cleave_kv_blocks_used", "KV blocks referenced by sequences", m.kv_blocks_used.clone());
-        registry.register("cleave_kv_blocks_total", "KV blocks in the pool", m.kv_blocks_total.clone());
-        registry.register("cleave_worker_queue_depth", "Sequences waiting for admission", m.queue_depth.clone());
-        registry.register("cleave_worker_running_sequences", "Sequences in the running batch", m.running.clone());
-        registry.register("cleave_prefix_cache_hit_tokens", "Prompt tokens served from the prefix cache", m.prefix_hit_tokens.clone());
-        registry.register("cleave_prefix_cache_query_tokens", "Prompt tokens looked up in the prefix cache", m.prefix_query_tokens.clone());
-        registry.register("cleave_kv_transfer_bytes", "KV bytes moved between workers", m.transfer_bytes.clone());
-        registry.register("cleave_kv_transfer_seconds", "Time of one request's KV transfer", m.transfer_seconds.clone());
-        registry.register("cleave_worker_prefill_fallbacks", "Prompts computed locally after a prefill worker failed", m.prefill_fallbacks.clone());
-        registry.register("cleave_worker_disaggregated_requests", "Requests whose KV came from a prefill worker", m.disaggregated.clone());
+        registry.register(
+            "cleave_kv_blocks_used",
+            "KV blocks referenced by sequences",
+            m.kv_blocks_used.clone(),
+        );
+        registry.register(
+            "cleave_kv_blocks_total",
+            "KV blocks in the pool",
+            m.kv_blocks_total.clone(),
+        );
+        registry.register(
+            "cleave_worker_queue_depth",
+            "Sequences waiting for admission",
+            m.queue_depth.clone(),
+        );
+        registry.register(
+            "cleave_worker_running_sequences",
+            "Sequences in the running batch",
+            m.running.clone(),
+        );
+        registry.register(
+            "cleave_prefix_cache_hit_tokens",
+            "Prompt tokens served from the prefix cache",
+            m.prefix_hit_tokens.clone(),
+        );
+        registry.register(
+            "cleave_prefix_cache_query_tokens",
+            "Prompt tokens looked up in the prefix cache",
+            m.prefix_query_tokens.clone(),
+        );
+        registry.register(
+            "cleave_kv_transfer_bytes",
+            "KV bytes moved between workers",
+            m.transfer_bytes.clone(),
+        );
+        registry.register(
+            "cleave_kv_transfer_seconds",
+            "Time of one request's KV transfer",
+            m.transfer_seconds.clone(),
+        );
+        registry.register(
+            "cleave_worker_prefill_fallbacks",
+            "Prompts computed locally after a prefill worker failed",
+            m.prefill_fallbacks.clone(),
+        );
+        registry.register(
+            "cleave_worker_disaggregated_requests",
+            "Requests whose KV came from a prefill worker",
+            m.disaggregated.clone(),
+        );
         m
     }
 
@@ -79,7 +119,8 @@ impl WorkerMetrics {
         let mut last = self.last.lock().expect("metrics lock");
         let (hit, query) = (s.counters.prefix_hit_tokens, s.counters.prefix_query_tokens);
         self.prefix_hit_tokens.inc_by(hit.saturating_sub(last.0));
-        self.prefix_query_tokens.inc_by(query.saturating_sub(last.1));
+        self.prefix_query_tokens
+            .inc_by(query.saturating_sub(last.1));
         *last = (hit.max(last.0), query.max(last.1));
     }
 }

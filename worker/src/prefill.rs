@@ -25,16 +25,26 @@ pub struct Prefill {
 impl PrefillWorker for Prefill {
     type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<pb::WorkerUpdate, Status>>;
 
-    async fn prefill(&self, request: Request<pb::PrefillRequest>) -> Result<Response<pb::PrefillResponse>, Status> {
+    async fn prefill(
+        &self,
+        request: Request<pb::PrefillRequest>,
+    ) -> Result<Response<pb::PrefillResponse>, Status> {
         let req = request.into_inner();
         let span = tracing::info_span!("prefill", request_id = %req.request_id);
         // If the caller goes away tonic drops this future: the export's guard then cancels the
         // engine sequence and the transfers in flight.
-        let resp = tracing::Instrument::instrument(export_kv::run(self.state.clone(), req), span).await?;
+        let resp =
+            tracing::Instrument::instrument(export_kv::run(self.state.clone(), req), span).await?;
         Ok(Response::new(resp))
     }
 
-    async fn watch(&self, _: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
-        Ok(Response::new(crate::watch::stream(&self.state.watch, &self.state.engine)))
+    async fn watch(
+        &self,
+        _: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        Ok(Response::new(crate::watch::stream(
+            &self.state.watch,
+            &self.state.engine,
+        )))
     }
 }

@@ -57,14 +57,25 @@ pub struct Running {
 
 /// Loads the model, allocates the KV pool from the transport and starts serving `role` until
 /// `shutdown`. Returns once both listeners are bound.
-pub async fn run(role: Role, config: WorkerConfig, shutdown: CancellationToken) -> anyhow::Result<Running> {
-    let threads = if config.threads <= 1 { Threads::single() } else { Threads::new(config.threads) };
+pub async fn run(
+    role: Role,
+    config: WorkerConfig,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Running> {
+    let threads = if config.threads <= 1 {
+        Threads::single()
+    } else {
+        Threads::new(config.threads)
+    };
     let path = config.model.clone();
     let loaded = tokio::task::spawn_blocking(move || Loaded::open(&path, threads))
         .await?
         .with_context(|| format!("loading {}", config.model.display()))?;
-    let transport = default_transport(&TransportConfig { backend: config.transport, ..Default::default() })
-        .context("starting the KV transport")?;
+    let transport = default_transport(&TransportConfig {
+        backend: config.transport,
+        ..Default::default()
+    })
+    .context("starting the KV transport")?;
     let layout = KvLayout {
         n_layers: loaded.model.config.n_layers,
         n_kv_heads: loaded.model.local_kv_heads(),
@@ -81,9 +92,17 @@ pub async fn run(role: Role, config: WorkerConfig, shutdown: CancellationToken) 
         num_blocks: config.kv_blocks,
         kv_dtype: config.kv_dtype,
         max_model_len: None,
-        scheduler: SchedulerConfig { step_tokens: config.step_tokens, ..Default::default() },
+        scheduler: SchedulerConfig {
+            step_tokens: config.step_tokens,
+            ..Default::default()
+        },
     };
-    let engine = Arc::new(Engine::start_with_cache(loaded.model.clone(), loaded.tokenizer.clone(), engine_config, cache));
+    let engine = Arc::new(Engine::start_with_cache(
+        loaded.model.clone(),
+        loaded.tokenizer.clone(),
+        engine_config,
+        cache,
+    ));
     let mut registry = Registry::default();
     let metrics = Arc::new(WorkerMetrics::new(&mut registry));
     let watch = WatchHub::start(engine.clone(), shutdown.clone());
@@ -100,11 +119,15 @@ pub async fn run(role: Role, config: WorkerConfig, shutdown: CancellationToken) 
     });
     tracing::info!(?role, backend = ?state.transport.backend(), kv_blocks = config.kv_blocks, "worker starting");
 
-    let grpc = TcpListener::bind(config.grpc_addr).await.context("binding the gRPC address")?;
-    let http = TcpListener::bind(config.http_addr).await.context("binding the HTTP address")?;
+    let grpc = TcpListener::bind(config.grpc_addr)
+        .await
+        .context("binding the gRPC address")?;
+    let http = TcpListener::bind(config.http_addr)
+        .await
+        .context("binding the HTTP address")?;
     let (grpc_addr, http_addr) = (grpc.local_addr()?, http.local_addr()?);
 
-    let router = tonic::transport::Server::builder();
+    let mut router = tonic::transport::Server::builder();
     let grpc_server = match role {
         Role::Decode => router.add_service(crate::decode::service(state.clone())),
         Role::Prefill => router.add_service(crate::prefill::service(state.clone())),
@@ -122,7 +145,9 @@ pub async fn run(role: Role, config: WorkerConfig, shutdown: CancellationToken) 
         .with_state(state.clone());
     let stop = shutdown.clone();
     let http_task = tokio::spawn(async move {
-        axum::serve(http, app).with_graceful_shutdown(stop.cancelled_owned()).await
+        axum::serve(http, app)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await
     });
     state.ready.store(true, Ordering::SeqCst);
     tracing::info!(%grpc_addr, %http_addr, "worker ready");
@@ -131,7 +156,12 @@ pub async fn run(role: Role, config: WorkerConfig, shutdown: CancellationToken) 
         http_task.await?.context("HTTP server")?;
         Ok(())
     });
-    Ok(Running { grpc_addr, http_addr, state, task })
+    Ok(Running {
+        grpc_addr,
+        http_addr,
+        state,
+        task,
+    })
 }
 
 async fn ready(State(s): State<Arc<WorkerState>>) -> (StatusCode, &'static str) {
@@ -142,7 +172,9 @@ async fn ready(State(s): State<Arc<WorkerState>>) -> (StatusCode, &'static str) 
     }
 }
 
-async fn metrics_text(State(s): State<Arc<WorkerState>>) -> (StatusCode, [(&'static str, &'static str); 1], String) {
+async fn metrics_text(
+    State(s): State<Arc<WorkerState>>,
+) -> (StatusCode, [(&'static str, &'static str); 1], String) {
     s.metrics.observe_engine(&s.engine.stats());
     let mut out = String::new();
     let registry = s.registry.lock().expect("registry lock");
@@ -150,5 +182,12 @@ async fn metrics_text(State(s): State<Arc<WorkerState>>) -> (StatusCode, [(&'sta
         Ok(()) => StatusCode::OK,
         Err(_) => StatusCode::INTERNAL_SERVER_ERROR,
     };
-    (status, [("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], out)
+    (
+        status,
+        [(
+            "content-type",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        out,
+    )
 }

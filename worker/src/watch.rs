@@ -34,10 +34,15 @@ fn wire_event(r: &KvEventRecord) -> pb::KvEvent {
             parent: parent.map(|p| p.0),
             blocks: blocks.iter().map(|b| b.0).collect(),
         }),
-        KvEvent::Removed { hashes } => Kind::Removed(pb::Removed { hashes: hashes.iter().map(|h| h.0).collect() }),
+        KvEvent::Removed { hashes } => Kind::Removed(pb::Removed {
+            hashes: hashes.iter().map(|h| h.0).collect(),
+        }),
         KvEvent::Cleared => Kind::Cleared(true),
     };
-    pb::KvEvent { id: r.id, kind: Some(kind) }
+    pb::KvEvent {
+        id: r.id,
+        kind: Some(kind),
+    }
 }
 
 /// The load part of an update.
@@ -56,7 +61,10 @@ impl WatchHub {
     pub fn start(engine: Arc<Engine>, shutdown: CancellationToken) -> Arc<Self> {
         let (tx, _) = broadcast::channel(1024);
         let hub = Arc::new(WatchHub {
-            state: Mutex::new(State { cached: HashSet::new(), next_id: 0 }),
+            state: Mutex::new(State {
+                cached: HashSet::new(),
+                next_id: 0,
+            }),
             tx,
         });
         let h = hub.clone();
@@ -98,7 +106,10 @@ impl WatchHub {
     }
 
     /// A snapshot update followed by live updates.
-    pub fn subscribe(&self, engine: &Engine) -> (pb::WorkerUpdate, broadcast::Receiver<pb::WorkerUpdate>) {
+    pub fn subscribe(
+        &self,
+        engine: &Engine,
+    ) -> (pb::WorkerUpdate, broadcast::Receiver<pb::WorkerUpdate>) {
         let st = self.state.lock().expect("watch lock");
         let rx = self.tx.subscribe();
         let snapshot = pb::WorkerUpdate {
@@ -131,7 +142,9 @@ pub fn stream(
                 }
                 Err(broadcast::error::RecvError::Lagged(n)) => {
                     let _ = tx
-                        .send(Err(tonic::Status::resource_exhausted(format!("watcher fell {n} updates behind; reconnect to resync"))))
+                        .send(Err(tonic::Status::resource_exhausted(format!(
+                            "watcher fell {n} updates behind; reconnect to resync"
+                        ))))
                         .await;
                     return;
                 }

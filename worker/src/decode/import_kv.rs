@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use cleave_engine::schedule::SeqId;
 use cleave_engine::sample::SamplingParams;
+use cleave_engine::schedule::SeqId;
 use cleave_proto::v1 as pb;
 use cleave_proto::v1::prefill_worker_client::PrefillWorkerClient;
 
@@ -38,7 +38,10 @@ pub async fn run(state: Arc<WorkerState>, job: Job) {
         Ok(resp) => {
             state.metrics.disaggregated.inc();
             state.metrics.transfer_bytes.inc_by(resp.bytes_transferred);
-            state.metrics.transfer_seconds.observe(resp.transfer_seconds);
+            state
+                .metrics
+                .transfer_seconds
+                .observe(resp.transfer_seconds);
             tracing::debug!(elapsed = ?started.elapsed(), bytes = resp.bytes_transferred, "kv imported");
             state.engine.kv_imported(job.id, resp.first_token);
         }
@@ -57,7 +60,8 @@ async fn call(state: &WorkerState, job: &Job) -> Result<pb::PrefillResponse, Str
     let mut client = PrefillWorkerClient::connect(job.endpoint.clone())
         .await
         .map_err(|e| format!("connecting to {}: {e}", job.endpoint))?;
-    let address = serde_json::to_vec(&state.transport.local_address()).map_err(|e| e.to_string())?;
+    let address =
+        serde_json::to_vec(&state.transport.local_address()).map_err(|e| e.to_string())?;
     let region = serde_json::to_vec(&state.region.descriptor()).map_err(|e| e.to_string())?;
     let bs = state.layout.block_size;
     let req = pb::PrefillRequest {
@@ -76,5 +80,9 @@ async fn call(state: &WorkerState, job: &Job) -> Result<pb::PrefillResponse, Str
     if let Ok(v) = job.request_id.parse() {
         request.metadata_mut().insert("x-request-id", v);
     }
-    client.prefill(request).await.map(|r| r.into_inner()).map_err(|s| format!("prefill worker: {}", s.message()))
+    client
+        .prefill(request)
+        .await
+        .map(|r| r.into_inner())
+        .map_err(|s| format!("prefill worker: {}", s.message()))
 }

@@ -36,8 +36,13 @@ fn bad(what: &str) -> Status {
 }
 
 /// Runs one prefill request to completion.
-pub async fn run(state: Arc<WorkerState>, req: pb::PrefillRequest) -> Result<pb::PrefillResponse, Status> {
-    let dest = req.destination.ok_or_else(|| bad("destination is required"))?;
+pub async fn run(
+    state: Arc<WorkerState>,
+    req: pb::PrefillRequest,
+) -> Result<pb::PrefillResponse, Status> {
+    let dest = req
+        .destination
+        .ok_or_else(|| bad("destination is required"))?;
     let bb = state.layout.block_bytes();
     if dest.block_bytes != bb as u64 {
         return Err(bad(&format!(
@@ -48,17 +53,28 @@ pub async fn run(state: Arc<WorkerState>, req: pb::PrefillRequest) -> Result<pb:
     if dest.blocks.len() < req.prompt.len().div_ceil(state.layout.block_size) {
         return Err(bad("destination has fewer blocks than the prompt needs"));
     }
-    let peer: WorkerAddress = serde_json::from_slice(&dest.worker_address).map_err(|e| bad(&format!("worker_address: {e}")))?;
-    let remote: RegionDescriptor = serde_json::from_slice(&dest.region).map_err(|e| bad(&format!("region: {e}")))?;
+    let peer: WorkerAddress = serde_json::from_slice(&dest.worker_address)
+        .map_err(|e| bad(&format!("worker_address: {e}")))?;
+    let remote: RegionDescriptor =
+        serde_json::from_slice(&dest.region).map_err(|e| bad(&format!("region: {e}")))?;
     let mut params = crate::convert::sampling(req.params)?;
     params.max_tokens = 1;
     let started = Instant::now();
     let (id, mut rx) = state
         .engine
-        .submit(GenerateRequest { prompt: req.prompt, params, mode: PrefillMode::Export })
+        .submit(GenerateRequest {
+            prompt: req.prompt,
+            params,
+            mode: PrefillMode::Export,
+        })
         .map_err(|e| Status::invalid_argument(e.to_string()))?;
     let cancel = CancellationToken::new();
-    let mut guard = Guard { state: &state, id, cancel: cancel.clone(), armed: true };
+    let mut guard = Guard {
+        state: &state,
+        id,
+        cancel: cancel.clone(),
+        armed: true,
+    };
     let skip = dest.skip_blocks as usize;
     let peer = Arc::new(peer);
     let remote = Arc::new(remote);
@@ -80,10 +96,18 @@ pub async fn run(state: Arc<WorkerState>, req: pb::PrefillRequest) -> Result<pb:
                 if ops.is_empty() {
                     continue;
                 }
-                let (t, peer, remote, local, c) =
-                    (state.transport.clone(), peer.clone(), remote.clone(), state.region.clone(), cancel.child_token());
+                let (t, peer, remote, local, c) = (
+                    state.transport.clone(),
+                    peer.clone(),
+                    remote.clone(),
+                    state.region.clone(),
+                    cancel.child_token(),
+                );
                 writes.spawn(async move {
-                    t.write(&peer, &remote, &ops, &local, c).await.map(|s| s.bytes).map_err(|e| e.to_string())
+                    t.write(&peer, &remote, &ops, &local, c)
+                        .await
+                        .map(|s| s.bytes)
+                        .map_err(|e| e.to_string())
                 });
             }
             SeqEvent::Token { id, logprob, .. } => first = Some((id, logprob)),
@@ -102,7 +126,11 @@ pub async fn run(state: Arc<WorkerState>, req: pb::PrefillRequest) -> Result<pb:
     while let Some(r) = writes.join_next().await {
         match r {
             Ok(Ok(n)) => bytes += n,
-            Ok(Err(e)) => return Err(Status::unavailable(format!("writing KV to the decode worker: {e}"))),
+            Ok(Err(e)) => {
+                return Err(Status::unavailable(format!(
+                    "writing KV to the decode worker: {e}"
+                )))
+            }
             Err(e) => return Err(Status::internal(format!("transfer task: {e}"))),
         }
     }

@@ -1,0 +1,156 @@
+//! The [`Transport`] trait and how a process picks its backend.
+
+pub mod tcp;
+#[cfg(have_ucx)]
+pub mod ucx;
+
+use crate::{Error, Region, RegionDescriptor, RegionHandle, TransferStats, WorkerAddress, WriteOp};
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::sync::{Arc, Once};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// A backend that moves bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// UCX one-sided RMA into UCX-allocated memory.
+    Ucx,
+    /// Framed writes over TCP, copied into the region by the owner.
+    Tcp,
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Ucx => "ucx",
+            Backend::Tcp => "tcp",
+        })
+    }
+}
+
+/// Which backend [`default_transport`] builds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendChoice {
+    /// UCX when this build and machine have it, else TCP.
+    #[default]
+    Auto,
+    /// UCX or an error.
+    Ucx,
+    /// TCP only.
+    Tcp,
+}
+
+/// Transport settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TransportConfig {
+    /// Which backend to build.
+    pub backend: BackendChoice,
+    /// Where the TCP listener binds (port 0 picks one).
+    pub listen: SocketAddr,
+    /// Longest a `write` or `read` may take before it fails with `TimedOut`.
+    pub timeout: Duration,
+    /// Longest connecting to a peer may take.
+    pub connect_timeout: Duration,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        TransportConfig {
+            backend: BackendChoice::Auto,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Moves KV bytes between this process's regions and its peers'. One per process.
+///
+/// Implementations are `Send + Sync`; calls may come from any task. `write`/`read` must be
+/// called inside a tokio runtime.
+#[async_trait::async_trait]
+pub trait Transport: Send + Sync + std::fmt::Debug {
+    /// The backend moving bytes for peers that support it.
+    fn backend(&self) -> Backend;
+
+    /// How peers reach this transport.
+    fn local_address(&self) -> WorkerAddress;
+
+    /// Allocates a zeroed region of `bytes` bytes that peers can write into.
+    fn allocate_region(&self, bytes: usize) -> Result<Region, Error>;
+
+    /// Copies each op's `len` bytes from `local` at `local_offset` into the peer's region at
+    /// `remote_offset`. Returns once the bytes are visible at the peer. Contiguous ops are
+    /// coalesced. On error or cancellation the target ranges hold undefined bytes; the call is
+    /// idempotent, so it can simply be retried.
+    async fn write(
+        &self,
+        peer: &WorkerAddress,
+        remote: &RegionDescriptor,
+        ops: &[WriteOp],
+        local: &RegionHandle,
+        cancel: CancellationToken,
+    ) -> Result<TransferStats, Error>;
+
+    /// The reverse of [`Transport::write`]: copies the peer's bytes at `remote_offset` into
+    /// `local` at `local_offset`.
+    async fn read(
+        &self,
+        peer: &WorkerAddress,
+        remote: &RegionDescriptor,
+        ops: &[WriteOp],
+        local: &RegionHandle,
+        cancel: CancellationToken,
+    ) -> Result<TransferStats, Error>;
+}
+
+/// Whether this build was compiled with UCX (found by pkg-config at build time).
+pub fn ucx_available() -> bool {
+    cfg!(have_ucx)
+}
+
+/// Builds the process's transport: UCX when available (and chosen), else TCP with one info log
+/// line. Must be called inside a tokio runtime (the TCP listener is spawned on it).
+pub fn default_transport(config: &TransportConfig) -> Result<Arc<dyn Transport>, Error> {
+    static FALLBACK_LOGGED: Once = Once::new();
+    match config.backend {
+        BackendChoice::Tcp => Ok(Arc::new(tcp::TcpTransport::bind(config)?)),
+        BackendChoice::Ucx => ucx_transport(config),
+        BackendChoice::Auto => match ucx_transport(config) {
+            Ok(t) => Ok(t),
+            Err(e) => {
+                FALLBACK_LOGGED.call_once(|| {
+                    tracing::info!(reason = %e, "UCX unavailable, KV transfer falls back to TCP");
+                });
+                Ok(Arc::new(tcp::TcpTransport::bind(config)?))
+            }
+        },
+    }
+}
+
+#[cfg(have_ucx)]
+fn ucx_transport(config: &TransportConfig) -> Result<Arc<dyn Transport>, Error> {
+    Ok(Arc::new(ucx::UcxTransport::new(config)?))
+}
+
+#[cfg(not(have_ucx))]
+fn ucx_transport(_config: &TransportConfig) -> Result<Arc<dyn Transport>, Error> {
+    Err(Error::UcxUnavailable)
+}
+
+/// Runs `fut` under the transport's timeout and the caller's cancellation token.
+pub(crate) async fn bounded<T>(
+    timeout: Duration,
+    cancel: &CancellationToken,
+    fut: impl std::future::Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    tokio::select! {
+        biased;
+        _ = cancel.cancelled() => Err(Error::Cancelled),
+        r = tokio::time::timeout(timeout, fut) => r.unwrap_or(Err(Error::TimedOut(timeout))),
+    }
+}
