@@ -1,0 +1,173 @@
+//! Disaggregated prefill and decode through real gRPC and the real KV transport (UCX when this
+//! build has it, and TCP), against the single-process engine's output.
+
+use std::time::Duration;
+
+use cleave_engine::engine::{Engine, EngineConfig, GenerateRequest, SeqEvent};
+use cleave_engine::gguf::default_model_path;
+use cleave_engine::kernels::Threads;
+use cleave_engine::load::Loaded;
+use cleave_engine::sample::SamplingParams;
+use cleave_kv_transfer::BackendChoice;
+use cleave_proto::v1 as pb;
+use cleave_proto::v1::decode_worker_client::DecodeWorkerClient;
+use cleave_worker::{run, Role, Running, WorkerConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
+
+fn config(transport: BackendChoice) -> WorkerConfig {
+    WorkerConfig {
+        model: default_model_path(),
+        grpc_addr: "127.0.0.1:0".parse().unwrap(),
+        http_addr: "127.0.0.1:0".parse().unwrap(),
+        kv_blocks: 128,
+        kv_dtype: Default::default(),
+        threads: 1,
+        step_tokens: 32,
+        transport,
+        prefill_timeout: Duration::from_secs(20),
+        local_fallback: true,
+    }
+}
+
+fn greedy(n: u32) -> pb::SamplingParams {
+    pb::SamplingParams { max_tokens: n, ignore_eos: true, top_p: 1.0, ..Default::default() }
+}
+
+async fn reference(prompt: &[u32], n: usize) -> Vec<u32> {
+    let l = Loaded::open(&default_model_path(), Threads::single()).unwrap();
+    let e = Engine::start(l.model.clone(), l.tokenizer.clone(), EngineConfig::default());
+    let params = SamplingParams { max_tokens: n, ignore_eos: true, ..Default::default() };
+    let (_, mut rx) = e.submit(GenerateRequest::new(prompt.to_vec(), params)).unwrap();
+    let mut ids = Vec::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            SeqEvent::Token { id, .. } => ids.push(id),
+            SeqEvent::Done { .. } => break,
+            _ => {}
+        }
+    }
+    ids
+}
+
+async fn generate(decode: &Running, prompt: &[u32], prefill: Option<&Running>, n: u32) -> (Vec<u32>, pb::Finished) {
+    let mut client = DecodeWorkerClient::connect(format!("http://{}", decode.grpc_addr)).await.unwrap();
+    let req = pb::GenerateRequest {
+        request_id: "test".into(),
+        prompt: prompt.to_vec(),
+        params: Some(greedy(n)),
+        prefill_endpoint: prefill.map(|p| format!("http://{}", p.grpc_addr)).unwrap_or_default(),
+    };
+    let mut stream = client.generate(req).await.unwrap().into_inner();
+    let mut ids = Vec::new();
+    while let Some(ev) = stream.message().await.unwrap() {
+        match ev.event.unwrap() {
+            pb::generate_event::Event::Token(t) => ids.push(t.id),
+            pb::generate_event::Event::Finished(f) => return (ids, f),
+        }
+    }
+    panic!("stream ended without Finished");
+}
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+async fn settle(w: &Running) -> cleave_engine::engine::EngineStats {
+    for _ in 0..400 {
+        let s = w.state.engine.stats();
+        if s.running == 0 && s.waiting == 0 && s.parked == 0 && s.held == 0 {
+            return s;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("worker did not settle: {:?}", w.state.engine.stats());
+}
+
+fn prompts() -> Vec<Vec<u32>> {
+    let l = Loaded::open(&default_model_path(), Threads::single()).unwrap();
+    let long = "Licensed under the Apache License, Version 2.0 (the \"License\"); you may not use this file except in compliance with the License. ".repeat(3);
+    vec![l.tokenizer.encode("The capital of France is", false), l.tokenizer.encode(&long, false)]
+}
+
+async fn disaggregated_equals_single_process(transport: BackendChoice) {
+    let stop = CancellationToken::new();
+    let prefill = run(Role::Prefill, config(transport), stop.clone()).await.unwrap();
+    let decode = run(Role::Decode, config(transport), stop.clone()).await.unwrap();
+    for prompt in prompts() {
+        let want = reference(&prompt, 16).await;
+        let (got, fin) = generate(&decode, &prompt, Some(&prefill), 16).await;
+        assert_eq!(got, want, "{transport:?}: {}-token prompt", prompt.len());
+        assert!(fin.disaggregated);
+        assert_eq!(fin.reason, "length");
+    }
+    // The long prompt again: the decode worker's own prefix cache serves its full blocks.
+    let long = prompts().remove(1);
+    let (got, fin) = generate(&decode, &long, Some(&prefill), 16).await;
+    assert_eq!(got, reference(&long, 16).await);
+    assert_eq!(fin.cached_tokens as usize, (long.len() - 1) / 16 * 16);
+    for w in [&prefill, &decode] {
+        assert_eq!(settle(w).await.pool.used, 0);
+    }
+    let metrics = http_get(decode.http_addr, "/metrics").await;
+    for name in [
+        "cleave_kv_blocks_used",
+        "cleave_kv_blocks_total",
+        "cleave_kv_transfer_bytes_total",
+        "cleave_kv_transfer_seconds",
+        "cleave_worker_queue_depth",
+        "cleave_prefix_cache_hit_tokens_total",
+        "cleave_prefix_cache_query_tokens_total",
+    ] {
+        assert!(metrics.contains(name), "{name} missing from /metrics:\n{metrics}");
+    }
+    assert!(metrics.contains("cleave_worker_disaggregated_requests_total 3"), "{metrics}");
+    assert!(http_get(prefill.http_addr, "/ready").await.contains("200 OK"));
+    stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tcp() {
+    disaggregated_equals_single_process(BackendChoice::Tcp).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_ucx() {
+    if !cleave_kv_transfer::ucx_available() {
+        eprintln!("SKIPPED: this build has no UCX (install libucx-dev; scripts/test does)");
+        return;
+    }
+    disaggregated_equals_single_process(BackendChoice::Ucx).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_prefill_worker_falls_back_to_local_prefill() {
+    let stop = CancellationToken::new();
+    let decode = run(Role::Decode, config(BackendChoice::Tcp), stop.clone()).await.unwrap();
+    // A prefill worker that is gone: bind a port, then close it.
+    let dead = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+    let prompt = prompts().remove(0);
+    let mut client = DecodeWorkerClient::connect(format!("http://{}", decode.grpc_addr)).await.unwrap();
+    let req = pb::GenerateRequest {
+        request_id: "fallback".into(),
+        prompt: prompt.clone(),
+        params: Some(greedy(8)),
+        prefill_endpoint: format!("http://{dead}"),
+    };
+    let mut stream = client.generate(req).await.unwrap().into_inner();
+    let mut ids = Vec::new();
+    while let Some(ev) = stream.message().await.unwrap() {
+        if let Some(pb::generate_event::Event::Token(t)) = ev.event {
+            ids.push(t.id);
+        }
+    }
+    assert_eq!(ids, reference(&prompt, 8).await);
+    assert_eq!(settle(&decode).await.pool.used, 0);
+    let metrics = http_get(decode.http_addr, "/metrics").await;
+    assert!(metrics.contains("cleave_worker_prefill_fallbacks_total 1"), "{metrics}");
+    stop.cancel();
+}
