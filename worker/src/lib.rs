@@ -44,50 +44,41 @@ pub fn main_for(role: Role) -> std::process::ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: starting the runtime: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
-    };
-    let result: anyhow::Result<()> = rt.block_on(async move {
-        let shutdown = tokio_util::sync::CancellationToken::new();
-        let running = run(role, cli.config, shutdown.clone()).await?;
-        // One line on stdout that launchers (cleave up, tests) read to find the ports.
-        println!(
-            "{{\"grpc\":\"{}\",\"http\":\"{}\"}}",
-            running.grpc_addr, running.http_addr
-        );
-        let stop = shutdown.clone();
-        tokio::spawn(async move {
-            let _ = tokio::signal::ctrl_c().await;
-            stop.cancel();
-        });
-        #[cfg(unix)]
-        {
-            let stop = shutdown.clone();
-            tokio::spawn(async move {
-                if let Ok(mut s) =
-                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                {
-                    s.recv().await;
-                    stop.cancel();
-                }
-            });
-        }
-        running.task.await??;
-        Ok(())
-    });
-    match result {
+    match serve_until_signal(role, cli.config) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// Serves `role` until Ctrl-C or SIGTERM, printing one JSON line with the bound addresses on
+/// stdout (`{"grpc":"…","http":"…"}`) once ready — what `cleave up` reads.
+pub fn serve_until_signal(role: Role, config: WorkerConfig) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async move {
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let running = run(role, config, shutdown.clone()).await?;
+        println!("{{\"grpc\":\"{}\",\"http\":\"{}\"}}", running.grpc_addr, running.http_addr);
+        cancel_on_signal(shutdown);
+        running.task.await??;
+        Ok(())
+    })
+}
+
+/// Cancels `token` on Ctrl-C or SIGTERM.
+pub fn cancel_on_signal(token: tokio_util::sync::CancellationToken) {
+    let stop = token.clone();
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        stop.cancel();
+    });
+    #[cfg(unix)]
+    tokio::spawn(async move {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            s.recv().await;
+            token.cancel();
+        }
+    });
 }

@@ -1,0 +1,34 @@
+//! How the router learns its workers. `static` (a list, for `cleave up` and tests) today; etcd
+//! and Kubernetes implementations plug in behind the same trait.
+
+use std::sync::Arc;
+
+use cleave_kv_index::WorkerId;
+use tokio_util::sync::CancellationToken;
+
+use crate::dispatch::Cluster;
+use crate::place::Role;
+
+/// Finds workers and keeps the cluster's membership current until `shutdown`.
+pub trait Discovery: Send + 'static {
+    /// Starts discovering; returns once the initial membership is known.
+    fn start(self: Box<Self>, cluster: Arc<Cluster>, shutdown: CancellationToken) -> Result<(), String>;
+}
+
+/// A fixed list of workers.
+#[derive(Clone, Debug, Default)]
+pub struct Static {
+    /// `(role, gRPC endpoint)` of every worker.
+    pub workers: Vec<(Role, String)>,
+}
+
+impl Discovery for Static {
+    fn start(self: Box<Self>, cluster: Arc<Cluster>, shutdown: CancellationToken) -> Result<(), String> {
+        for (i, (role, endpoint)) in self.workers.into_iter().enumerate() {
+            let id = WorkerId(i as u64);
+            cluster.add(id, role, &endpoint).map_err(|e| format!("worker endpoint {endpoint:?}: {e}"))?;
+            tokio::spawn(crate::watch::follow(cluster.clone(), id, shutdown.clone()));
+        }
+        Ok(())
+    }
+}
