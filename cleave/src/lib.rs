@@ -5,8 +5,10 @@ pub mod bench;
 pub mod bench_route;
 pub mod fetch;
 pub mod generate;
+pub mod http;
 pub mod load;
 pub mod score;
+pub mod up;
 
 use std::path::PathBuf;
 
@@ -22,6 +24,10 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Start the router and the workers locally (the OpenAI API at http://127.0.0.1:8000/v1).
+    Up(up::UpArgs),
+    /// Run one worker (what `cleave up` starts; also the `cleave-prefill`/`cleave-decode` binaries).
+    Worker(WorkerArgs),
     /// Manage the default model.
     Model {
         #[command(subcommand)]
@@ -62,6 +68,16 @@ pub enum BenchCommand {
     Route(bench_route::RouteArgs),
 }
 
+/// Flags of `cleave worker`.
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    /// prefill or decode.
+    #[arg(long, value_enum)]
+    pub role: cleave_worker::Role,
+    #[command(flatten)]
+    pub config: cleave_worker::WorkerConfig,
+}
+
 /// Options shared by every command that loads a model.
 #[derive(Debug, Clone, Args)]
 pub struct ModelArgs {
@@ -87,6 +103,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 Ok(())
             }
         },
+        Command::Up(args) => up::up(args),
+        Command::Worker(args) => cleave_worker::serve_until_signal(args.role, args.config),
         Command::Generate(args) => generate::generate(args),
         Command::Chat(args) => generate::chat(args),
         Command::Score(args) => score::score(args),

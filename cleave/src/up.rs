@@ -1,0 +1,172 @@
+//! `cleave up`: the whole system on this machine — prefill workers, decode workers and the
+//! router as separate processes on loopback, the real model, the real KV transport.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Args;
+
+/// Flags of `cleave up`.
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// Prefill workers (0: aggregated — decode workers prefill locally).
+    #[arg(long, default_value_t = 1)]
+    pub prefill: usize,
+    /// Decode workers.
+    #[arg(long, default_value_t = 1)]
+    pub decode: usize,
+    /// The router's port (OpenAI API at http://127.0.0.1:PORT/v1).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// KV transport between workers: auto (UCX when available), ucx or tcp.
+    #[arg(long, default_value = "auto")]
+    pub transport: String,
+    /// Placement policy: prefix-load, round-robin, least-load or random.
+    #[arg(long, default_value = "prefix-load")]
+    pub policy: String,
+    /// Disaggregate only when at least this many prompt blocks (16 tokens each) are uncached
+    /// on the decode worker.
+    #[arg(long, default_value_t = 1)]
+    pub disagg_min_uncached_blocks: usize,
+    /// GGUF model; default: the cached default model (fetched on first use).
+    #[arg(long, env = "CLEAVE_MODEL")]
+    pub model: Option<PathBuf>,
+    /// KV blocks per worker.
+    #[arg(long, default_value_t = 512)]
+    pub kv_blocks: usize,
+    /// Compute threads per worker.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+}
+
+/// Child processes, terminated (SIGTERM, then SIGKILL) when dropped.
+struct Fleet(Vec<(String, Child)>);
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.0 {
+            let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for (name, c) in &mut self.0 {
+            loop {
+                match c.try_wait() {
+                    Ok(Some(_)) => break,
+                    Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+                    _ => {
+                        eprintln!("{name} did not stop in time: killing it");
+                        let _ = c.kill();
+                        let _ = c.wait();
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Starts `args` as a child of this executable and waits for its one-line JSON of addresses.
+fn spawn(fleet: &mut Fleet, name: &str, args: &[String]) -> anyhow::Result<serde_json::Value> {
+    let exe = std::env::current_exe().context("finding the cleave executable")?;
+    let mut child = Command::new(exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("starting {name}"))?;
+    let stdout = child.stdout.take().context("child stdout")?;
+    fleet.0.push((name.to_string(), child));
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        let first = lines.next();
+        let _ = tx.send(first);
+        // Keep draining so the child never blocks on a full pipe.
+        for _ in lines {}
+    });
+    match rx.recv_timeout(Duration::from_secs(120)) {
+        Ok(Some(Ok(line))) => serde_json::from_str(&line).with_context(|| format!("{name} printed {line:?}")),
+        _ => bail!("{name} did not become ready (see its log above)"),
+    }
+}
+
+fn wait_ready(url: &str, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if crate::http::get(url).map(|(status, _)| status == 200).unwrap_or(false) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bail!("{url} did not report ready within {timeout:?}")
+}
+
+pub fn up(args: UpArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(args.decode >= 1, "--decode must be at least 1");
+    let model = match &args.model {
+        Some(p) => p.clone(),
+        None => crate::fetch::fetch_default_model(false)?,
+    };
+    let model = model.display().to_string();
+    let mut fleet = Fleet(Vec::new());
+    let worker = |role: &str| -> Vec<String> {
+        [
+            "worker", "--role", role, "--model", &model,
+            "--kv-blocks", &args.kv_blocks.to_string(),
+            "--threads", &args.threads.to_string(),
+            "--transport", &args.transport,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let mut router_args: Vec<String> = [
+        "router", "--model", &model,
+        "--listen", &format!("127.0.0.1:{}", args.port),
+        "--policy", &args.policy,
+        "--disagg-min-uncached-blocks", &args.disagg_min_uncached_blocks.to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    for (role, n) in [("prefill", args.prefill), ("decode", args.decode)] {
+        for i in 0..n {
+            let addrs = spawn(&mut fleet, &format!("{role}-{i}"), &worker(role))?;
+            let grpc = addrs["grpc"].as_str().context("worker printed no grpc address")?;
+            eprintln!("{role} worker {i}: grpc {grpc}, metrics http://{}/metrics", addrs["http"].as_str().unwrap_or("?"));
+            router_args.push(format!("--{role}"));
+            router_args.push(format!("http://{grpc}"));
+        }
+    }
+    let addrs = spawn(&mut fleet, "router", &router_args)?;
+    let http = addrs["http"].as_str().context("router printed no address")?.to_string();
+    wait_ready(&format!("http://{http}/ready"), Duration::from_secs(60))?;
+    println!("cleave is up: http://{http}/v1 (model {model}; {} prefill, {} decode; Ctrl-C stops it)", args.prefill, args.decode);
+    // Wait for Ctrl-C / SIGTERM, or for a child to die.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    rt.block_on(async {
+        cleave_worker::cancel_on_signal(stop.clone());
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {
+                    for (name, c) in &mut fleet.0 {
+                        if let Ok(Some(status)) = c.try_wait() {
+                            eprintln!("{name} exited ({status}); shutting down");
+                            stop.cancel();
+                        }
+                    }
+                }
+            }
+        }
+    });
+    eprintln!("stopping ...");
+    drop(fleet);
+    Ok(())
+}
