@@ -14,8 +14,8 @@
 //! finds UCX with pkg-config; see `cleave-ucx-sys`) and plain TCP (`tcp`, always available).
 //! [`default_transport`] picks UCX when it is available and falls back to TCP, logging once.
 
-mod error;
 pub mod bench;
+mod error;
 pub mod plan;
 mod region;
 mod transport;
