@@ -1,4 +1,5 @@
-//! `cargo run -p cleave-kv-transfer --example kv_bench [-- --json out.json --mib N]`: prints the
+//! `cargo run -p cleave-kv-transfer --example kv_bench [-- --json out.json --mib N
+//! --block-bytes N --no-perftest]`: prints the
 //! KV-transfer benchmark table and writes its JSON (to stdout, or to `--json PATH`).
 
 use cleave_kv_transfer::bench::{bench, BenchConfig};
@@ -12,6 +13,7 @@ async fn main() -> anyhow::Result<()> {
         match arg.as_str() {
             "--json" => json_path = args.next(),
             "--mib" => config.bytes_per_shape = args.next().unwrap_or_default().parse::<u64>()? << 20,
+            "--block-bytes" => config.block_bytes = args.next().unwrap_or_default().parse()?,
             "--no-perftest" => config.ucx_perftest = false,
             other => anyhow::bail!("unknown argument {other}"),
         }

@@ -9,8 +9,9 @@ use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-/// One block of the default model: 30 layers × (K, V) × 16 tokens × 3 KV heads × 64 dims × f32.
-pub const DEFAULT_BLOCK_BYTES: usize = 30 * 2 * 16 * 3 * 64 * 4;
+/// One block of the default model: 30 layers × (K, V) × 16 tokens × 3 KV heads × 64 dims, in
+/// f16 (368,640 bytes; an f32 KV cache doubles it — set [`BenchConfig::block_bytes`]).
+pub const DEFAULT_BLOCK_BYTES: usize = 30 * 2 * 16 * 3 * 64 * 2;
 
 /// What to measure.
 #[derive(Clone, Debug, Serialize, Deserialize)]
