@@ -313,3 +313,39 @@ fn print_table(r: &Report) {
     }
     println!("peak RSS {:.0} MiB", r.peak_rss_mib);
 }
+
+/// Flags of `cleave bench kv-transfer`.
+#[derive(Debug, Args)]
+pub struct KvTransferArgs {
+    /// Bytes of one KV block (default: the default model's f32 block, 30 layers × K,V × 16
+    /// tokens × 3 KV heads × 64 dims × 4 bytes).
+    #[arg(long, default_value_t = 737_280)]
+    pub block_bytes: usize,
+    /// MiB moved per shape and backend.
+    #[arg(long, default_value_t = 512)]
+    pub mib: u64,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Our transports' GB/s on KV-block-shaped transfers, next to memcpy and ucx_perftest.
+pub fn bench_kv_transfer(args: KvTransferArgs) -> anyhow::Result<()> {
+    use cleave_kv_transfer::bench::{bench, BenchConfig};
+    let config = BenchConfig {
+        block_bytes: args.block_bytes,
+        bytes_per_shape: args.mib << 20,
+        ..Default::default()
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let report = rt.block_on(bench(&config))?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!("{}", report.table());
+    }
+    Ok(())
+}

@@ -8,7 +8,9 @@ use anyhow::Context;
 
 /// `GET url` → (status, body). `url` must be `http://host:port/path`.
 pub fn get(url: &str) -> anyhow::Result<(u16, String)> {
-    let rest = url.strip_prefix("http://").context("only http:// URLs are supported")?;
+    let rest = url
+        .strip_prefix("http://")
+        .context("only http:// URLs are supported")?;
     let (host, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, "/"),
@@ -23,6 +25,9 @@ pub fn get(url: &str) -> anyhow::Result<(u16, String)> {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .context("malformed HTTP response")?;
-    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     Ok((status, body))
 }

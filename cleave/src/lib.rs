@@ -63,6 +63,8 @@ pub enum BenchCommand {
     /// Prefill and decode throughput of the engine (batch 1, 4, 16), peak RSS, and llama.cpp's
     /// numbers on the same file when llama-cpp-python is installed.
     Engine(bench::BenchArgs),
+    /// GB/s of KV-block-shaped transfers over UCX and TCP, next to memcpy (and ucx_perftest).
+    KvTransfer(bench::KvTransferArgs),
     /// Routing at scale, simulated: a Mooncake-format trace through the router's prefix index and
     /// placement policies against simulated workers (hit rate, load imbalance, TTFT, decisions/s).
     Route(bench_route::RouteArgs),
@@ -110,6 +112,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Score(args) => score::score(args),
         Command::Bench { command } => match command {
             BenchCommand::Engine(args) => bench::bench_engine(args),
+            BenchCommand::KvTransfer(args) => bench::bench_kv_transfer(args),
             BenchCommand::Route(args) => bench_route::bench_route(args),
         },
     }

@@ -49,14 +49,19 @@ struct Fleet(Vec<(String, Child)>);
 impl Drop for Fleet {
     fn drop(&mut self) {
         for (_, c) in &mut self.0 {
-            let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(c.id().to_string())
+                .status();
         }
         let deadline = Instant::now() + Duration::from_secs(5);
         for (name, c) in &mut self.0 {
             loop {
                 match c.try_wait() {
                     Ok(Some(_)) => break,
-                    Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+                    Ok(None) if Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(50))
+                    }
                     _ => {
                         eprintln!("{name} did not stop in time: killing it");
                         let _ = c.kill();
@@ -90,7 +95,9 @@ fn spawn(fleet: &mut Fleet, name: &str, args: &[String]) -> anyhow::Result<serde
         for _ in lines {}
     });
     match rx.recv_timeout(Duration::from_secs(120)) {
-        Ok(Some(Ok(line))) => serde_json::from_str(&line).with_context(|| format!("{name} printed {line:?}")),
+        Ok(Some(Ok(line))) => {
+            serde_json::from_str(&line).with_context(|| format!("{name} printed {line:?}"))
+        }
         _ => bail!("{name} did not become ready (see its log above)"),
     }
 }
@@ -98,7 +105,10 @@ fn spawn(fleet: &mut Fleet, name: &str, args: &[String]) -> anyhow::Result<serde
 fn wait_ready(url: &str, timeout: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
-        if crate::http::get(url).map(|(status, _)| status == 200).unwrap_or(false) {
+        if crate::http::get(url)
+            .map(|(status, _)| status == 200)
+            .unwrap_or(false)
+        {
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -116,20 +126,32 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
     let mut fleet = Fleet(Vec::new());
     let worker = |role: &str| -> Vec<String> {
         [
-            "worker", "--role", role, "--model", &model,
-            "--kv-blocks", &args.kv_blocks.to_string(),
-            "--threads", &args.threads.to_string(),
-            "--transport", &args.transport,
+            "worker",
+            "--role",
+            role,
+            "--model",
+            &model,
+            "--kv-blocks",
+            &args.kv_blocks.to_string(),
+            "--threads",
+            &args.threads.to_string(),
+            "--transport",
+            &args.transport,
         ]
         .iter()
         .map(|s| s.to_string())
         .collect()
     };
     let mut router_args: Vec<String> = [
-        "router", "--model", &model,
-        "--listen", &format!("127.0.0.1:{}", args.port),
-        "--policy", &args.policy,
-        "--disagg-min-uncached-blocks", &args.disagg_min_uncached_blocks.to_string(),
+        "router",
+        "--model",
+        &model,
+        "--listen",
+        &format!("127.0.0.1:{}", args.port),
+        "--policy",
+        &args.policy,
+        "--disagg-min-uncached-blocks",
+        &args.disagg_min_uncached_blocks.to_string(),
     ]
     .iter()
     .map(|s| s.to_string())
@@ -137,18 +159,31 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
     for (role, n) in [("prefill", args.prefill), ("decode", args.decode)] {
         for i in 0..n {
             let addrs = spawn(&mut fleet, &format!("{role}-{i}"), &worker(role))?;
-            let grpc = addrs["grpc"].as_str().context("worker printed no grpc address")?;
-            eprintln!("{role} worker {i}: grpc {grpc}, metrics http://{}/metrics", addrs["http"].as_str().unwrap_or("?"));
+            let grpc = addrs["grpc"]
+                .as_str()
+                .context("worker printed no grpc address")?;
+            eprintln!(
+                "{role} worker {i}: grpc {grpc}, metrics http://{}/metrics",
+                addrs["http"].as_str().unwrap_or("?")
+            );
             router_args.push(format!("--{role}"));
             router_args.push(format!("http://{grpc}"));
         }
     }
     let addrs = spawn(&mut fleet, "router", &router_args)?;
-    let http = addrs["http"].as_str().context("router printed no address")?.to_string();
+    let http = addrs["http"]
+        .as_str()
+        .context("router printed no address")?
+        .to_string();
     wait_ready(&format!("http://{http}/ready"), Duration::from_secs(60))?;
-    println!("cleave is up: http://{http}/v1 (model {model}; {} prefill, {} decode; Ctrl-C stops it)", args.prefill, args.decode);
+    println!(
+        "cleave is up: http://{http}/v1 (model {model}; {} prefill, {} decode; Ctrl-C stops it)",
+        args.prefill, args.decode
+    );
     // Wait for Ctrl-C / SIGTERM, or for a child to die.
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let stop = tokio_util::sync::CancellationToken::new();
     rt.block_on(async {
         cleave_worker::cancel_on_signal(stop.clone());

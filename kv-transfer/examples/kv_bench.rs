@@ -12,7 +12,9 @@ async fn main() -> anyhow::Result<()> {
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--json" => json_path = args.next(),
-            "--mib" => config.bytes_per_shape = args.next().unwrap_or_default().parse::<u64>()? << 20,
+            "--mib" => {
+                config.bytes_per_shape = args.next().unwrap_or_default().parse::<u64>()? << 20
+            }
             "--block-bytes" => config.block_bytes = args.next().unwrap_or_default().parse()?,
             "--no-perftest" => config.ucx_perftest = false,
             other => anyhow::bail!("unknown argument {other}"),

@@ -65,7 +65,10 @@ pub struct BenchReport {
 impl BenchReport {
     /// A human-readable table, with each result as a fraction of memcpy.
     pub fn table(&self) -> String {
-        let mut out = format!("{:<8} {:<14} {:>12} {:>9} {:>9}\n", "backend", "shape", "bytes", "GB/s", "x memcpy");
+        let mut out = format!(
+            "{:<8} {:<14} {:>12} {:>9} {:>9}\n",
+            "backend", "shape", "bytes", "GB/s", "x memcpy"
+        );
         for r in &self.results {
             out += &format!(
                 "{:<8} {:<14} {:>12} {:>9.2} {:>9.2}\n",
@@ -91,7 +94,10 @@ fn shapes() -> Vec<(&'static str, Vec<(usize, usize)>)> {
         ("block", vec![(0, 0)]),
         ("run16", (0..16).map(|i| (i, i)).collect()),
         ("prompt2k", (0..128).map(|i| (i, i)).collect()),
-        ("scattered128", (0..128).map(|i| (i, (i * 37) % 256)).collect()),
+        (
+            "scattered128",
+            (0..128).map(|i| (i, (i * 37) % 256)).collect(),
+        ),
     ]
 }
 
@@ -111,7 +117,10 @@ pub async fn bench(config: &BenchConfig) -> Result<BenchReport, Error> {
             Backend::Ucx => BackendChoice::Ucx,
             Backend::Tcp => BackendChoice::Tcp,
         };
-        let cfg = TransportConfig { backend: choice, ..Default::default() };
+        let cfg = TransportConfig {
+            backend: choice,
+            ..Default::default()
+        };
         let (a, b) = (default_transport(&cfg)?, default_transport(&cfg)?);
         let src = a.allocate_region(128 * config.block_bytes)?.handle();
         let dst = b.allocate_region(256 * config.block_bytes)?.handle();
@@ -130,10 +139,12 @@ pub async fn bench(config: &BenchConfig) -> Result<BenchReport, Error> {
                 .collect();
             let bytes = (ops.len() * config.block_bytes) as u64;
             let iterations = (config.bytes_per_shape / bytes).clamp(3, 20_000);
-            a.write(&peer, &desc, &ops, &src, CancellationToken::new()).await?; // warm-up
+            a.write(&peer, &desc, &ops, &src, CancellationToken::new())
+                .await?; // warm-up
             let start = Instant::now();
             for _ in 0..iterations {
-                a.write(&peer, &desc, &ops, &src, CancellationToken::new()).await?;
+                a.write(&peer, &desc, &ops, &src, CancellationToken::new())
+                    .await?;
             }
             let secs = start.elapsed().as_secs_f64();
             results.push(BenchResult {
@@ -145,11 +156,18 @@ pub async fn bench(config: &BenchConfig) -> Result<BenchReport, Error> {
         }
     }
     let ucx_perftest_gbps = if config.ucx_perftest {
-        tokio::task::spawn_blocking(move || ucx_perftest_gbps(prompt_bytes)).await.ok().flatten()
+        tokio::task::spawn_blocking(move || ucx_perftest_gbps(prompt_bytes))
+            .await
+            .ok()
+            .flatten()
     } else {
         None
     };
-    Ok(BenchReport { memcpy_gbps, ucx_perftest_gbps, results })
+    Ok(BenchReport {
+        memcpy_gbps,
+        ucx_perftest_gbps,
+        results,
+    })
 }
 
 /// Single-thread memcpy between two prompt-sized buffers.
@@ -169,7 +187,12 @@ fn memcpy_gbps(bytes: usize) -> f64 {
 /// `ucx_perftest -t ucp_put_bw` between a server and a client process on loopback.
 fn ucx_perftest_gbps(bytes: usize) -> Option<f64> {
     use std::process::{Command, Stdio};
-    let port = std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port().to_string();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .ok()?
+        .local_addr()
+        .ok()?
+        .port()
+        .to_string();
     let mut server = Command::new("ucx_perftest")
         .args(["-p", &port])
         .stdout(Stdio::null())
@@ -178,7 +201,19 @@ fn ucx_perftest_gbps(bytes: usize) -> Option<f64> {
         .ok()?;
     std::thread::sleep(Duration::from_millis(500));
     let output = Command::new("timeout")
-        .args(["60", "ucx_perftest", "127.0.0.1", "-p", &port, "-t", "ucp_put_bw", "-s", &bytes.to_string(), "-n", "200"])
+        .args([
+            "60",
+            "ucx_perftest",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-t",
+            "ucp_put_bw",
+            "-s",
+            &bytes.to_string(),
+            "-n",
+            "200",
+        ])
         .stderr(Stdio::null())
         .output();
     let _ = server.kill();
@@ -186,7 +221,12 @@ fn ucx_perftest_gbps(bytes: usize) -> Option<f64> {
     let text = String::from_utf8_lossy(&output.ok()?.stdout).into_owned();
     // "Final:  iters  lat50  lat_avg  lat_overall  bw_avg  bw_overall  rate_avg  rate_overall"
     // with bandwidth in MB/s of 2^20 bytes.
-    let line = text.lines().find(|l| l.trim_start().starts_with("Final:"))?;
-    let numbers: Vec<f64> = line.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("Final:"))?;
+    let numbers: Vec<f64> = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
     Some(numbers.get(5)? * 1048576.0 / 1e9)
 }

@@ -4,8 +4,8 @@
 
 use anyhow::{ensure, Context, Result};
 use cleave_kv_transfer::{
-    default_transport, ucx_available, Backend, BackendChoice, Error, RegionHandle, Transport, TransportConfig,
-    WriteOp,
+    default_transport, ucx_available, Backend, BackendChoice, Error, RegionHandle, Transport,
+    TransportConfig, WriteOp,
 };
 use std::io::{BufRead, BufReader, Write};
 use std::sync::Arc;
@@ -15,7 +15,11 @@ use tokio_util::sync::CancellationToken;
 const BLOCK: usize = 4096 + 64; // odd-sized so offsets are not page aligned
 
 fn config(choice: BackendChoice) -> TransportConfig {
-    TransportConfig { backend: choice, timeout: Duration::from_secs(10), ..Default::default() }
+    TransportConfig {
+        backend: choice,
+        timeout: Duration::from_secs(10),
+        ..Default::default()
+    }
 }
 
 /// A transport of `choice`, or `None` (with a message) when UCX is not in this build.
@@ -25,14 +29,20 @@ fn transport(choice: BackendChoice) -> Option<Arc<dyn Transport>> {
         return None;
     }
     let t = default_transport(&config(choice)).expect("transport");
-    let want = if choice == BackendChoice::Ucx { Backend::Ucx } else { Backend::Tcp };
+    let want = if choice == BackendChoice::Ucx {
+        Backend::Ucx
+    } else {
+        Backend::Tcp
+    };
     assert_eq!(t.backend(), want);
     Some(t)
 }
 
 /// Deterministic bytes for block `b` of a run tagged `seed`.
 fn pattern(seed: u8, b: usize) -> Vec<u8> {
-    (0..BLOCK).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed ^ b as u8)).collect()
+    (0..BLOCK)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed ^ b as u8))
+        .collect()
 }
 
 fn fill(region: &RegionHandle, seed: u8, blocks: usize) {
@@ -48,11 +58,17 @@ fn block_at(region: &RegionHandle, offset: usize) -> Vec<u8> {
 }
 
 fn op(local_block: usize, remote_block: usize, blocks: usize) -> WriteOp {
-    WriteOp { local_offset: local_block * BLOCK, remote_offset: remote_block * BLOCK, len: blocks * BLOCK }
+    WriteOp {
+        local_offset: local_block * BLOCK,
+        remote_offset: remote_block * BLOCK,
+        len: blocks * BLOCK,
+    }
 }
 
 async fn writes_land(choice: BackendChoice) -> Result<()> {
-    let (Some(a), Some(b)) = (transport(choice), transport(choice)) else { return Ok(()) };
+    let (Some(a), Some(b)) = (transport(choice), transport(choice)) else {
+        return Ok(());
+    };
     let src = a.allocate_region(16 * BLOCK)?.handle();
     let dst_region = b.allocate_region(32 * BLOCK)?;
     let dst = dst_region.handle();
@@ -60,71 +76,170 @@ async fn writes_land(choice: BackendChoice) -> Result<()> {
     // A contiguous run of 4 blocks (coalesced per block op), and scattered single blocks.
     let mut ops: Vec<WriteOp> = (0..4).map(|i| op(i, 10 + i, 1)).collect();
     ops.extend([op(4, 0, 1), op(9, 31, 1), op(5, 20, 2)]);
-    let stats = a.write(&b.local_address(), &dst.descriptor(), &ops, &src, CancellationToken::new()).await?;
-    ensure!(stats.bytes == 8 * BLOCK as u64 && stats.requested_ops == 7 && stats.issued_ops == 4, "{stats:?}");
+    let stats = a
+        .write(
+            &b.local_address(),
+            &dst.descriptor(),
+            &ops,
+            &src,
+            CancellationToken::new(),
+        )
+        .await?;
+    ensure!(
+        stats.bytes == 8 * BLOCK as u64 && stats.requested_ops == 7 && stats.issued_ops == 4,
+        "{stats:?}"
+    );
     ensure!(stats.backend == a.backend());
-    for (local, remote) in [(0, 10), (1, 11), (2, 12), (3, 13), (4, 0), (9, 31), (5, 20), (6, 21)] {
-        ensure!(block_at(&dst, remote * BLOCK) == pattern(7, local), "block {local} -> {remote} differs");
+    for (local, remote) in [
+        (0, 10),
+        (1, 11),
+        (2, 12),
+        (3, 13),
+        (4, 0),
+        (9, 31),
+        (5, 20),
+        (6, 21),
+    ] {
+        ensure!(
+            block_at(&dst, remote * BLOCK) == pattern(7, local),
+            "block {local} -> {remote} differs"
+        );
     }
-    ensure!(block_at(&dst, BLOCK) == vec![0u8; BLOCK], "untouched block was written");
+    ensure!(
+        block_at(&dst, BLOCK) == vec![0u8; BLOCK],
+        "untouched block was written"
+    );
     // The engine's view is the same memory.
     ensure!(dst_region.as_slice()[10 * BLOCK..11 * BLOCK] == pattern(7, 0)[..]);
 
     // Read two remote blocks back into a fresh local region.
     let back = a.allocate_region(2 * BLOCK)?.handle();
     let ops = [op(0, 31, 1), op(1, 0, 1)];
-    a.read(&b.local_address(), &dst.descriptor(), &ops, &back, CancellationToken::new()).await?;
+    a.read(
+        &b.local_address(),
+        &dst.descriptor(),
+        &ops,
+        &back,
+        CancellationToken::new(),
+    )
+    .await?;
     ensure!(block_at(&back, 0) == pattern(7, 9) && block_at(&back, BLOCK) == pattern(7, 4));
     Ok(())
 }
 
 async fn out_of_bounds_is_an_error(choice: BackendChoice) -> Result<()> {
-    let (Some(a), Some(b)) = (transport(choice), transport(choice)) else { return Ok(()) };
+    let (Some(a), Some(b)) = (transport(choice), transport(choice)) else {
+        return Ok(());
+    };
     let src = a.allocate_region(4 * BLOCK)?.handle();
     let dst = b.allocate_region(2 * BLOCK)?.handle();
     let peer = b.local_address();
-    let err = a.write(&peer, &dst.descriptor(), &[op(0, 1, 2)], &src, CancellationToken::new()).await.unwrap_err();
+    let err = a
+        .write(
+            &peer,
+            &dst.descriptor(),
+            &[op(0, 1, 2)],
+            &src,
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap_err();
     ensure!(matches!(err, Error::OutOfBounds { .. }), "{err}");
-    let err = a.write(&peer, &dst.descriptor(), &[op(3, 0, 2)], &src, CancellationToken::new()).await.unwrap_err();
+    let err = a
+        .write(
+            &peer,
+            &dst.descriptor(),
+            &[op(3, 0, 2)],
+            &src,
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap_err();
     ensure!(matches!(err, Error::OutOfBounds { .. }), "{err}");
     // A descriptor that lies about its length is caught by the owner (TCP) or the rkey (UCX);
     // either way no crash and a typed error for TCP.
     if choice == BackendChoice::Tcp {
         let mut lying = dst.descriptor();
         lying.len = 4 * BLOCK as u64;
-        let err = a.write(&peer, &lying, &[op(0, 2, 2)], &src, CancellationToken::new()).await.unwrap_err();
+        let err = a
+            .write(
+                &peer,
+                &lying,
+                &[op(0, 2, 2)],
+                &src,
+                CancellationToken::new(),
+            )
+            .await
+            .unwrap_err();
         ensure!(matches!(err, Error::OutOfBounds { .. }), "{err}");
     }
     // An unknown region id.
     let mut unknown = dst.descriptor();
     unknown.id.0 ^= 0x5555;
-    let err = a.write(&peer, &unknown, &[op(0, 0, 1)], &src, CancellationToken::new()).await.unwrap_err();
+    let err = a
+        .write(
+            &peer,
+            &unknown,
+            &[op(0, 0, 1)],
+            &src,
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap_err();
     ensure!(matches!(err, Error::UnknownRegion { .. }), "{err}");
     // The transport still works afterwards.
     fill(&src, 3, 1);
-    a.write(&peer, &dst.descriptor(), &[op(0, 1, 1)], &src, CancellationToken::new()).await?;
+    a.write(
+        &peer,
+        &dst.descriptor(),
+        &[op(0, 1, 1)],
+        &src,
+        CancellationToken::new(),
+    )
+    .await?;
     ensure!(block_at(&dst, BLOCK) == pattern(3, 0));
     Ok(())
 }
 
 async fn cancellation(choice: BackendChoice) -> Result<()> {
-    let (Some(a), Some(b)) = (transport(choice), transport(choice)) else { return Ok(()) };
+    let (Some(a), Some(b)) = (transport(choice), transport(choice)) else {
+        return Ok(());
+    };
     let src = a.allocate_region(4 * BLOCK)?.handle();
     let dst = b.allocate_region(4 * BLOCK)?.handle();
     let cancel = CancellationToken::new();
     cancel.cancel();
-    let err = a.write(&b.local_address(), &dst.descriptor(), &[op(0, 0, 4)], &src, cancel).await.unwrap_err();
+    let err = a
+        .write(
+            &b.local_address(),
+            &dst.descriptor(),
+            &[op(0, 0, 4)],
+            &src,
+            cancel,
+        )
+        .await
+        .unwrap_err();
     ensure!(matches!(err, Error::Cancelled), "{err}");
-    a.write(&b.local_address(), &dst.descriptor(), &[op(0, 0, 4)], &src, CancellationToken::new()).await?;
+    a.write(
+        &b.local_address(),
+        &dst.descriptor(),
+        &[op(0, 0, 4)],
+        &src,
+        CancellationToken::new(),
+    )
+    .await?;
     Ok(())
 }
 
 async fn vanished_peer_fails_fast(choice: BackendChoice) -> Result<()> {
-    let (Some(a), Some(b)) = (transport(choice), transport(choice)) else { return Ok(()) };
+    let (Some(a), Some(b)) = (transport(choice), transport(choice)) else {
+        return Ok(());
+    };
     let src = a.allocate_region(4 * BLOCK)?.handle();
     let dst = b.allocate_region(4 * BLOCK)?;
     let (peer, desc) = (b.local_address(), dst.descriptor());
-    a.write(&peer, &desc, &[op(0, 0, 1)], &src, CancellationToken::new()).await?;
+    a.write(&peer, &desc, &[op(0, 0, 1)], &src, CancellationToken::new())
+        .await?;
     drop(dst);
     drop(b);
     tokio::time::sleep(Duration::from_millis(100)).await; // let the listener task stop
@@ -136,28 +251,52 @@ async fn vanished_peer_fails_fast(choice: BackendChoice) -> Result<()> {
     .context("write to a vanished peer hung")?;
     let err = result.err().context("write to a vanished peer succeeded")?;
     ensure!(
-        matches!(err, Error::PeerUnreachable { .. } | Error::Connection { .. } | Error::UnknownRegion { .. }),
+        matches!(
+            err,
+            Error::PeerUnreachable { .. } | Error::Connection { .. } | Error::UnknownRegion { .. }
+        ),
         "{err}"
     );
     Ok(())
 }
 
 async fn restarted_peer_is_reachable(choice: BackendChoice) -> Result<()> {
-    let (Some(a), Some(b)) = (transport(choice), transport(choice)) else { return Ok(()) };
+    let (Some(a), Some(b)) = (transport(choice), transport(choice)) else {
+        return Ok(());
+    };
     let src = a.allocate_region(4 * BLOCK)?.handle();
     fill(&src, 9, 4);
     let dst = b.allocate_region(4 * BLOCK)?;
-    a.write(&b.local_address(), &dst.descriptor(), &[op(0, 0, 1)], &src, CancellationToken::new()).await?;
+    a.write(
+        &b.local_address(),
+        &dst.descriptor(),
+        &[op(0, 0, 1)],
+        &src,
+        CancellationToken::new(),
+    )
+    .await?;
     let listen = b.local_address().tcp;
     drop(dst);
     drop(b);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let b2 = default_transport(&TransportConfig { listen, ..config(choice) })?;
+    let b2 = default_transport(&TransportConfig {
+        listen,
+        ..config(choice)
+    })?;
     let dst2 = b2.allocate_region(4 * BLOCK)?.handle();
-    let stats =
-        a.write(&b2.local_address(), &dst2.descriptor(), &[op(1, 2, 2)], &src, CancellationToken::new()).await?;
+    let stats = a
+        .write(
+            &b2.local_address(),
+            &dst2.descriptor(),
+            &[op(1, 2, 2)],
+            &src,
+            CancellationToken::new(),
+        )
+        .await?;
     ensure!(stats.bytes == 2 * BLOCK as u64);
-    ensure!(block_at(&dst2, 2 * BLOCK) == pattern(9, 1) && block_at(&dst2, 3 * BLOCK) == pattern(9, 2));
+    ensure!(
+        block_at(&dst2, 2 * BLOCK) == pattern(9, 1) && block_at(&dst2, 3 * BLOCK) == pattern(9, 2)
+    );
     Ok(())
 }
 
@@ -167,8 +306,14 @@ const CHILD_ENV: &str = "CLEAVE_KV_TRANSFER_TEST_CHILD";
 /// report a checksum of what landed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn child_owner_entry() -> Result<()> {
-    let Ok(choice) = std::env::var(CHILD_ENV) else { return Ok(()) };
-    let choice = if choice == "ucx" { BackendChoice::Ucx } else { BackendChoice::Tcp };
+    let Ok(choice) = std::env::var(CHILD_ENV) else {
+        return Ok(());
+    };
+    let choice = if choice == "ucx" {
+        BackendChoice::Ucx
+    } else {
+        BackendChoice::Tcp
+    };
     let t = default_transport(&config(choice))?;
     let region = t.allocate_region(8 * BLOCK)?;
     let line = serde_json::to_string(&(t.local_address(), region.descriptor()))?;
@@ -176,17 +321,36 @@ async fn child_owner_entry() -> Result<()> {
     std::io::stdout().flush()?;
     let mut cmd = String::new();
     tokio::task::spawn_blocking(move || std::io::stdin().read_line(&mut cmd)).await??;
-    let sum: u64 = region.as_slice().iter().enumerate().map(|(i, &b)| (i as u64 + 1) * b as u64).sum();
+    let sum: u64 = region
+        .as_slice()
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| (i as u64 + 1) * b as u64)
+        .sum();
     println!("SUM {sum}");
     std::io::stdout().flush()?;
     Ok(())
 }
 
 async fn child_process(choice: BackendChoice) -> Result<()> {
-    let Some(a) = transport(choice) else { return Ok(()) };
+    let Some(a) = transport(choice) else {
+        return Ok(());
+    };
     let mut child = std::process::Command::new(std::env::current_exe()?)
-        .args(["--exact", "child_owner_entry", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, if choice == BackendChoice::Ucx { "ucx" } else { "tcp" })
+        .args([
+            "--exact",
+            "child_owner_entry",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(
+            CHILD_ENV,
+            if choice == BackendChoice::Ucx {
+                "ucx"
+            } else {
+                "tcp"
+            },
+        )
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()?;
@@ -194,18 +358,32 @@ async fn child_process(choice: BackendChoice) -> Result<()> {
     let mut line = String::new();
     let (peer, desc) = loop {
         line.clear();
-        ensure!(stdout.read_line(&mut line)? > 0, "child exited before publishing");
+        ensure!(
+            stdout.read_line(&mut line)? > 0,
+            "child exited before publishing"
+        );
         // libtest prints "test child_owner_entry ... " before the child's first line.
         if let Some(json) = line.split_once("OWNER ").map(|(_, json)| json) {
-            break serde_json::from_str::<(cleave_kv_transfer::WorkerAddress, cleave_kv_transfer::RegionDescriptor)>(json)?;
+            break serde_json::from_str::<(
+                cleave_kv_transfer::WorkerAddress,
+                cleave_kv_transfer::RegionDescriptor,
+            )>(json)?;
         }
     };
     let src = a.allocate_region(8 * BLOCK)?.handle();
     fill(&src, 42, 8);
     let ops = [op(0, 4, 4), op(4, 0, 2)];
-    a.write(&peer, &desc, &ops, &src, CancellationToken::new()).await?;
+    a.write(&peer, &desc, &ops, &src, CancellationToken::new())
+        .await?;
     let back = a.allocate_region(8 * BLOCK)?.handle();
-    a.read(&peer, &desc, &[op(0, 0, 8)], &back, CancellationToken::new()).await?;
+    a.read(
+        &peer,
+        &desc,
+        &[op(0, 0, 8)],
+        &back,
+        CancellationToken::new(),
+    )
+    .await?;
     let mut expected = vec![0u8; 8 * BLOCK];
     for (local, remote) in [(0, 4), (1, 5), (2, 6), (3, 7), (4, 0), (5, 1)] {
         expected[remote * BLOCK..(remote + 1) * BLOCK].copy_from_slice(&pattern(42, local));
@@ -213,11 +391,22 @@ async fn child_process(choice: BackendChoice) -> Result<()> {
     let mut got = vec![0u8; 8 * BLOCK];
     back.copy_out(0, &mut got);
     ensure!(got == expected, "read-back differs from what was written");
-    child.stdin.take().context("child stdin")?.write_all(b"sum\n")?;
-    let want: u64 = expected.iter().enumerate().map(|(i, &b)| (i as u64 + 1) * b as u64).sum();
+    child
+        .stdin
+        .take()
+        .context("child stdin")?
+        .write_all(b"sum\n")?;
+    let want: u64 = expected
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| (i as u64 + 1) * b as u64)
+        .sum();
     let sum = loop {
         line.clear();
-        ensure!(stdout.read_line(&mut line)? > 0, "child exited before the checksum");
+        ensure!(
+            stdout.read_line(&mut line)? > 0,
+            "child exited before the checksum"
+        );
         if let Some(s) = line.split_once("SUM ").map(|(_, s)| s) {
             break s.trim().parse::<u64>()?;
         }

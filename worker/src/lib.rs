@@ -56,11 +56,17 @@ pub fn main_for(role: Role) -> std::process::ExitCode {
 /// Serves `role` until Ctrl-C or SIGTERM, printing one JSON line with the bound addresses on
 /// stdout (`{"grpc":"…","http":"…"}`) once ready — what `cleave up` reads.
 pub fn serve_until_signal(role: Role, config: WorkerConfig) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     rt.block_on(async move {
         let shutdown = tokio_util::sync::CancellationToken::new();
         let running = run(role, config, shutdown.clone()).await?;
-        println!("{{\"grpc\":\"{}\",\"http\":\"{}\"}}", running.grpc_addr, running.http_addr);
+        println!(
+            "{{\"grpc\":\"{}\",\"http\":\"{}\"}}",
+            running.grpc_addr, running.http_addr
+        );
         cancel_on_signal(shutdown);
         running.task.await??;
         Ok(())
@@ -76,7 +82,8 @@ pub fn cancel_on_signal(token: tokio_util::sync::CancellationToken) {
     });
     #[cfg(unix)]
     tokio::spawn(async move {
-        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
             s.recv().await;
             token.cancel();
         }

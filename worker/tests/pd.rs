@@ -31,14 +31,29 @@ fn config(transport: BackendChoice) -> WorkerConfig {
 }
 
 fn greedy(n: u32) -> pb::SamplingParams {
-    pb::SamplingParams { max_tokens: n, ignore_eos: true, top_p: 1.0, ..Default::default() }
+    pb::SamplingParams {
+        max_tokens: n,
+        ignore_eos: true,
+        top_p: 1.0,
+        ..Default::default()
+    }
 }
 
 async fn reference(prompt: &[u32], n: usize) -> Vec<u32> {
     let l = Loaded::open(&default_model_path(), Threads::single()).unwrap();
-    let e = Engine::start(l.model.clone(), l.tokenizer.clone(), EngineConfig::default());
-    let params = SamplingParams { max_tokens: n, ignore_eos: true, ..Default::default() };
-    let (_, mut rx) = e.submit(GenerateRequest::new(prompt.to_vec(), params)).unwrap();
+    let e = Engine::start(
+        l.model.clone(),
+        l.tokenizer.clone(),
+        EngineConfig::default(),
+    );
+    let params = SamplingParams {
+        max_tokens: n,
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let (_, mut rx) = e
+        .submit(GenerateRequest::new(prompt.to_vec(), params))
+        .unwrap();
     let mut ids = Vec::new();
     while let Some(ev) = rx.recv().await {
         match ev {
@@ -50,13 +65,22 @@ async fn reference(prompt: &[u32], n: usize) -> Vec<u32> {
     ids
 }
 
-async fn generate(decode: &Running, prompt: &[u32], prefill: Option<&Running>, n: u32) -> (Vec<u32>, pb::Finished) {
-    let mut client = DecodeWorkerClient::connect(format!("http://{}", decode.grpc_addr)).await.unwrap();
+async fn generate(
+    decode: &Running,
+    prompt: &[u32],
+    prefill: Option<&Running>,
+    n: u32,
+) -> (Vec<u32>, pb::Finished) {
+    let mut client = DecodeWorkerClient::connect(format!("http://{}", decode.grpc_addr))
+        .await
+        .unwrap();
     let req = pb::GenerateRequest {
         request_id: "test".into(),
         prompt: prompt.to_vec(),
         params: Some(greedy(n)),
-        prefill_endpoint: prefill.map(|p| format!("http://{}", p.grpc_addr)).unwrap_or_default(),
+        prefill_endpoint: prefill
+            .map(|p| format!("http://{}", p.grpc_addr))
+            .unwrap_or_default(),
     };
     let mut stream = client.generate(req).await.unwrap().into_inner();
     let mut ids = Vec::new();
@@ -71,7 +95,9 @@ async fn generate(decode: &Running, prompt: &[u32], prefill: Option<&Running>, n
 
 async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes()).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).await.unwrap();
     out
@@ -91,13 +117,20 @@ async fn settle(w: &Running) -> cleave_engine::engine::EngineStats {
 fn prompts() -> Vec<Vec<u32>> {
     let l = Loaded::open(&default_model_path(), Threads::single()).unwrap();
     let long = "Licensed under the Apache License, Version 2.0 (the \"License\"); you may not use this file except in compliance with the License. ".repeat(3);
-    vec![l.tokenizer.encode("The capital of France is", false), l.tokenizer.encode(&long, false)]
+    vec![
+        l.tokenizer.encode("The capital of France is", false),
+        l.tokenizer.encode(&long, false),
+    ]
 }
 
 async fn disaggregated_equals_single_process(transport: BackendChoice) {
     let stop = CancellationToken::new();
-    let prefill = run(Role::Prefill, config(transport), stop.clone()).await.unwrap();
-    let decode = run(Role::Decode, config(transport), stop.clone()).await.unwrap();
+    let prefill = run(Role::Prefill, config(transport), stop.clone())
+        .await
+        .unwrap();
+    let decode = run(Role::Decode, config(transport), stop.clone())
+        .await
+        .unwrap();
     for prompt in prompts() {
         let want = reference(&prompt, 16).await;
         let (got, fin) = generate(&decode, &prompt, Some(&prefill), 16).await;
@@ -123,10 +156,18 @@ async fn disaggregated_equals_single_process(transport: BackendChoice) {
         "cleave_prefix_cache_hit_tokens_total",
         "cleave_prefix_cache_query_tokens_total",
     ] {
-        assert!(metrics.contains(name), "{name} missing from /metrics:\n{metrics}");
+        assert!(
+            metrics.contains(name),
+            "{name} missing from /metrics:\n{metrics}"
+        );
     }
-    assert!(metrics.contains("cleave_worker_disaggregated_requests_total 3"), "{metrics}");
-    assert!(http_get(prefill.http_addr, "/ready").await.contains("200 OK"));
+    assert!(
+        metrics.contains("cleave_worker_disaggregated_requests_total 3"),
+        "{metrics}"
+    );
+    assert!(http_get(prefill.http_addr, "/ready")
+        .await
+        .contains("200 OK"));
     stop.cancel();
 }
 
@@ -147,11 +188,19 @@ async fn over_ucx() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_prefill_worker_falls_back_to_local_prefill() {
     let stop = CancellationToken::new();
-    let decode = run(Role::Decode, config(BackendChoice::Tcp), stop.clone()).await.unwrap();
+    let decode = run(Role::Decode, config(BackendChoice::Tcp), stop.clone())
+        .await
+        .unwrap();
     // A prefill worker that is gone: bind a port, then close it.
-    let dead = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+    let dead = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap();
     let prompt = prompts().remove(0);
-    let mut client = DecodeWorkerClient::connect(format!("http://{}", decode.grpc_addr)).await.unwrap();
+    let mut client = DecodeWorkerClient::connect(format!("http://{}", decode.grpc_addr))
+        .await
+        .unwrap();
     let req = pb::GenerateRequest {
         request_id: "fallback".into(),
         prompt: prompt.clone(),
@@ -168,6 +217,9 @@ async fn unreachable_prefill_worker_falls_back_to_local_prefill() {
     assert_eq!(ids, reference(&prompt, 8).await);
     assert_eq!(settle(&decode).await.pool.used, 0);
     let metrics = http_get(decode.http_addr, "/metrics").await;
-    assert!(metrics.contains("cleave_worker_prefill_fallbacks_total 1"), "{metrics}");
+    assert!(
+        metrics.contains("cleave_worker_prefill_fallbacks_total 1"),
+        "{metrics}"
+    );
     stop.cancel();
 }
