@@ -14,6 +14,7 @@ use tokio_stream::StreamExt;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::api::backend::{Backend, BackendError, BackendEvent, BackendRequest, BackendStream, FinishReason};
+use crate::api::metrics::{PlacementLabels, PlacementMode, RouterMetrics};
 use crate::place::{Charge, PlaceError, Placement, PlacementRequest, Policy, Role, WorkerView};
 
 /// Token slots per KV block on the workers (the engine's default).
@@ -95,14 +96,19 @@ pub struct Dispatcher {
     cluster: Arc<Cluster>,
     policy: Box<dyn Policy>,
     model: String,
-    /// Counts placements by policy and mode.
-    pub on_place: Option<Box<dyn Fn(&'static str, bool) + Send + Sync>>,
+    metrics: Option<Arc<RouterMetrics>>,
 }
 
 impl Dispatcher {
     /// A dispatcher placing with `policy` and serving `model`.
     pub fn new(cluster: Arc<Cluster>, policy: Box<dyn Policy>, model: String) -> Self {
-        Dispatcher { cluster, policy, model, on_place: None }
+        Dispatcher { cluster, policy, model, metrics: None }
+    }
+
+    /// Counts placements in `cleave_router_placements_total{policy,mode}`.
+    pub fn with_metrics(mut self, metrics: Arc<RouterMetrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     fn place(&self, prompt: &[u32], max_tokens: usize) -> Result<(PlacementRequest, Placement), PlaceError> {
@@ -175,8 +181,9 @@ impl Backend for Dispatcher {
                 .and_then(|p| self.cluster.get(p))
                 .map(|p| p.endpoint)
                 .unwrap_or_default();
-            if let Some(f) = &self.on_place {
-                f(self.policy.name(), !prefill_endpoint.is_empty());
+            if let Some(m) = &self.metrics {
+                let mode = if prefill_endpoint.is_empty() { PlacementMode::Local } else { PlacementMode::Disaggregated };
+                m.placements.get_or_create(&PlacementLabels { policy: self.policy.name(), mode }).inc();
             }
             tracing::debug!(decode = %placement.decode, prefill = ?placement.prefill, "placed");
             let charge = self.cluster.view.lock().expect("view").charge(&preq, &placement);

@@ -1,0 +1,113 @@
+//! Starting the router: tokenizer and template from the GGUF, the cluster from discovery, the
+//! dispatcher, admission, metrics, and the HTTP server.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use cleave_engine::chat::ChatTemplate;
+use cleave_engine::gguf::GgufFile;
+use cleave_engine::tokenizer::Tokenizer;
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+use crate::admit::{AdmitConfig, Admission};
+use crate::api::metrics::RouterMetrics;
+use crate::api::ApiState;
+use crate::config::RouterConfig;
+use crate::discovery::{Discovery, Static};
+use crate::dispatch::{Cluster, Dispatcher};
+use crate::place::{PlaceConfig, Role};
+
+/// A started router.
+pub struct Running {
+    /// Where the API listens.
+    pub addr: SocketAddr,
+    /// The placement state (tests inspect it).
+    pub cluster: Arc<Cluster>,
+    /// Ends when the server stops.
+    pub task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+/// Starts the router until `shutdown`; returns once it listens.
+pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::Result<Running> {
+    let g = GgufFile::open(&config.model).with_context(|| format!("reading {}", config.model.display()))?;
+    let tokenizer = Arc::new(Tokenizer::from_gguf(&g)?);
+    let template = ChatTemplate::from_gguf(&g, &tokenizer).ok().map(Arc::new);
+    let arch = g.architecture()?.to_string();
+    let max_context = g.get_u32(&format!("{arch}.context_length")).unwrap_or(2048) as usize;
+    let model_name = config.served_model_name.clone().unwrap_or_else(|| {
+        config.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
+    });
+    let api_keys = match &config.api_keys_file {
+        None => None,
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let keys: HashSet<String> = text.lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect();
+            anyhow::ensure!(!keys.is_empty(), "{} holds no API keys", p.display());
+            Some(keys)
+        }
+    };
+
+    let mut registry = Registry::default();
+    let metrics = Arc::new(RouterMetrics::new(&mut registry));
+    let cluster = Arc::new(Cluster::default());
+    let mut workers: Vec<(Role, String)> = config.prefill.iter().map(|e| (Role::Prefill, e.clone())).collect();
+    workers.extend(config.decode.iter().map(|e| (Role::Decode, e.clone())));
+    anyhow::ensure!(!config.decode.is_empty(), "at least one --decode worker is required");
+    Box::new(Static { workers }).start(cluster.clone(), shutdown.clone()).map_err(anyhow::Error::msg)?;
+    let place = PlaceConfig { disagg_min_uncached_blocks: config.disagg_min_uncached_blocks, ..Default::default() };
+    let dispatcher = Dispatcher::new(cluster.clone(), config.policy.build(&place), model_name).with_metrics(metrics.clone());
+    let admission = Admission::new(
+        AdmitConfig {
+            max_in_flight: config.max_in_flight,
+            max_queue: config.max_queue,
+            request_timeout: Some(config.request_timeout),
+            ..Default::default()
+        },
+        metrics.queue_depth.clone(),
+    );
+    let state = Arc::new(ApiState {
+        backend: Arc::new(dispatcher),
+        tokenizer,
+        template,
+        max_context,
+        api_keys,
+        admission,
+        metrics,
+        registry: Arc::new(registry),
+    });
+    let listener = tokio::net::TcpListener::bind(config.listen).await.context("binding the API address")?;
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, policy = ?config.policy, "router listening");
+    let app = crate::api::router(state);
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await?;
+        Ok(())
+    });
+    Ok(Running { addr, cluster, task })
+}
+
+/// Serves until Ctrl-C or SIGTERM, printing `{"http":"addr"}` on stdout once listening.
+pub fn serve_until_signal(config: RouterConfig) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async move {
+        let shutdown = CancellationToken::new();
+        let running = run(config, shutdown.clone()).await?;
+        println!("{{\"http\":\"{}\"}}", running.addr);
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            let _ = tokio::signal::ctrl_c().await;
+            stop.cancel();
+        });
+        #[cfg(unix)]
+        tokio::spawn(async move {
+            if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                s.recv().await;
+                shutdown.cancel();
+            }
+        });
+        running.task.await?
+    })
+}
