@@ -10,6 +10,7 @@
 //!   `GET /metrics` (Prometheus text of the injected registry). These three need no API key.
 //!
 //! Every failure is an [`error::ApiError`], turned into OpenAI's error JSON in one place.
+//! Request bodies are limited by axum's default body limit (2 MB).
 
 pub mod backend;
 pub mod error;
@@ -100,7 +101,11 @@ async fn serve(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let arrived = Instant::now();
-    match run(s, endpoint, headers, body, arrived).await {
+    let span = tracing::debug_span!("api", ?endpoint);
+    match run(s, endpoint, headers, body, arrived)
+        .instrument(span)
+        .await
+    {
         Ok(resp) => {
             s.metrics.count_request(StatusClass::Ok);
             resp
@@ -142,20 +147,17 @@ async fn run(
         job.prompts = tokio::task::spawn_blocking(move || prepare::tokenize(&t, input, max_tokens))
             .await
             .map_err(|e| ApiError::Internal(format!("tokenizer task failed: {e}")))??;
-        let meta = Meta::new(endpoint, s.backend.model_name(), job.params.logprobs.is_some());
+        let meta = Meta::new(
+            endpoint,
+            s.backend.model_name(),
+            job.params.logprobs.is_some(),
+        );
         let streams = generate::start(&*s.backend, &job, &meta).await?;
         if job.stream {
             Ok(stream_response(s, meta, &job, streams, permit, arrived))
         } else {
-            let value = generate::collect(
-                streams,
-                &job,
-                &meta,
-                &s.tokenizer,
-                &s.metrics,
-                arrived,
-            )
-            .await?;
+            let value =
+                generate::collect(streams, &job, &meta, &s.tokenizer, &s.metrics, arrived).await?;
             drop(permit);
             s.metrics
                 .e2e_request_latency

@@ -108,7 +108,12 @@ impl ApiError {
                 message,
                 param,
                 code,
-            } => ("invalid_request_error", *code, param.clone(), message.clone()),
+            } => (
+                "invalid_request_error",
+                *code,
+                param.clone(),
+                message.clone(),
+            ),
             ApiError::Unauthorized => (
                 "invalid_request_error",
                 Some("invalid_api_key"),

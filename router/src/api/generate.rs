@@ -13,7 +13,8 @@ use super::backend::{Backend, BackendEvent, BackendRequest, BackendStream, Finis
 use super::error::ApiError;
 use super::metrics::RouterMetrics;
 use super::openai::{
-    AssistantMessage, ChatChoice, ChatCompletion, ChatLogprobs, TextChoice, TextCompletion, TextLogprobs, TokenLogprob, TopLogprob, Usage,
+    AssistantMessage, ChatChoice, ChatCompletion, ChatLogprobs, TextChoice, TextCompletion,
+    TextLogprobs, TokenLogprob, TopLogprob, Usage,
 };
 use super::prepare::{Endpoint, Job};
 
@@ -209,7 +210,9 @@ impl Choice {
 
 /// The error for a stream that ended before its choice finished.
 pub fn ended_early(index: usize) -> ApiError {
-    ApiError::Internal(format!("the stream of choice {index} ended without finishing"))
+    ApiError::Internal(format!(
+        "the stream of choice {index} ended without finishing"
+    ))
 }
 
 /// Chat-format logprobs of `tokens`.

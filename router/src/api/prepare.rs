@@ -128,7 +128,10 @@ pub fn validate(
                 .messages
                 .ok_or_else(|| ApiError::invalid("messages", "`messages` is required"))?;
             if messages.is_empty() {
-                return Err(ApiError::invalid("messages", "`messages` must not be empty"));
+                return Err(ApiError::invalid(
+                    "messages",
+                    "`messages` must not be empty",
+                ));
             }
             Input::Chat(chat_messages(messages)?)
         }
@@ -141,7 +144,10 @@ pub fn validate(
             }
             let n = req.n.unwrap_or(1);
             if matches!(req.best_of, Some(b) if b != 1 && b != n) {
-                return Err(ApiError::invalid("best_of", "`best_of` must be 1 or equal to `n`"));
+                return Err(ApiError::invalid(
+                    "best_of",
+                    "`best_of` must be 1 or equal to `n`",
+                ));
             }
             prompt_input(prompt)?
         }
@@ -197,7 +203,10 @@ pub fn validate(
         (None, None) => None,
     };
     if let Some((name, 0)) = max_tokens {
-        return Err(ApiError::invalid(name, format!("`{name}` must be at least 1")));
+        return Err(ApiError::invalid(
+            name,
+            format!("`{name}` must be at least 1"),
+        ));
     }
     let max_tokens = max_tokens.map(|(_, m)| usize::try_from(m).unwrap_or(usize::MAX));
     let stop = match req.stop {
@@ -208,11 +217,17 @@ pub fn validate(
     if stop.len() > MAX_STOP {
         return Err(ApiError::invalid(
             "stop",
-            format!("`stop` may hold at most {MAX_STOP} strings, got {}", stop.len()),
+            format!(
+                "`stop` may hold at most {MAX_STOP} strings, got {}",
+                stop.len()
+            ),
         ));
     }
     if stop.iter().any(String::is_empty) {
-        return Err(ApiError::invalid("stop", "`stop` strings must not be empty"));
+        return Err(ApiError::invalid(
+            "stop",
+            "`stop` strings must not be empty",
+        ));
     }
     let logprobs = logprobs(endpoint, req.logprobs, req.top_logprobs)?;
     let params = SamplingParams {
@@ -297,7 +312,10 @@ pub fn tokenize(
         .into_iter()
         .map(|tokens| {
             if tokens.is_empty() {
-                return Err(ApiError::invalid(what, format!("`{what}` must not be empty")));
+                return Err(ApiError::invalid(
+                    what,
+                    format!("`{what}` must not be empty"),
+                ));
             }
             let max_tokens = fit_context(t.max_context, tokens.len(), max_tokens, what)?;
             Ok(PromptJob { tokens, max_tokens })

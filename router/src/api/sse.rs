@@ -59,7 +59,9 @@ impl SseBody {
         let choices = Choice::all(job);
         let mut body = SseBody {
             offsets: vec![0; choices.len()],
-            deadline: permit.deadline().map(|d| Box::pin(tokio::time::sleep_until(d))),
+            deadline: permit
+                .deadline()
+                .map(|d| Box::pin(tokio::time::sleep_until(d))),
             meta,
             streams,
             choices,

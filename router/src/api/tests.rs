@@ -26,7 +26,7 @@ use super::backend::{
 };
 use super::metrics::RouterMetrics;
 use super::{router, ApiState};
-use crate::admit::{AdmitConfig, Admission};
+use crate::admit::{Admission, AdmitConfig};
 
 pub(super) const MODEL: &str = "smollm2-135m";
 pub(super) const REPLY: &str = "Hello there, how are you today?";
@@ -227,9 +227,8 @@ pub(super) struct Reply {
 
 impl Reply {
     pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
-            panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body))
-        })
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
     }
 
     /// Asserts an OpenAI error with this status, and returns its `error` object.
@@ -259,7 +258,13 @@ impl Reply {
 }
 
 impl Harness {
-    pub async fn call(&self, method: &str, uri: &str, body: Option<&str>, key: Option<&str>) -> Reply {
+    pub async fn call(
+        &self,
+        method: &str,
+        uri: &str,
+        body: Option<&str>,
+        key: Option<&str>,
+    ) -> Reply {
         let mut req = Request::builder().method(method).uri(uri);
         if body.is_some() {
             req = req.header("content-type", "application/json");
@@ -303,7 +308,9 @@ pub(super) fn hello() -> Value {
 
 #[tokio::test]
 async fn chat_completion_has_openai_shape_and_the_templated_prompt() {
-    let Some(h) = harness(Opts::default()) else { return };
+    let Some(h) = harness(Opts::default()) else {
+        return;
+    };
     let r = h
         .post(
             "/v1/chat/completions",
@@ -324,7 +331,10 @@ async fn chat_completion_has_openai_shape_and_the_templated_prompt() {
     assert!(c["logprobs"].is_null());
 
     let (tok, tmpl) = model().unwrap();
-    let msgs = [ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Hi!")];
+    let msgs = [
+        ChatMessage::new("system", "Be brief."),
+        ChatMessage::new("user", "Hi!"),
+    ];
     let expected = tok.encode(&tmpl.render(&msgs, true).unwrap(), true);
     let reqs = h.requests();
     assert_eq!(reqs.len(), 1);
@@ -342,11 +352,15 @@ async fn chat_completion_has_openai_shape_and_the_templated_prompt() {
 
 #[tokio::test]
 async fn content_parts_render_like_a_string() {
-    let Some(h) = harness(Opts::default()) else { return };
+    let Some(h) = harness(Opts::default()) else {
+        return;
+    };
     let parts = json!([{"role": "user", "content": [{"type": "text", "text": "Hi!"}]}]);
     let plain = json!([{"role": "user", "content": "Hi!"}]);
     for messages in [parts, plain] {
-        let r = h.post("/v1/chat/completions", json!({"messages": messages})).await;
+        let r = h
+            .post("/v1/chat/completions", json!({"messages": messages}))
+            .await;
         assert_eq!(r.status, StatusCode::OK, "{}", r.json());
     }
     let reqs = h.requests();
@@ -355,9 +369,14 @@ async fn content_parts_render_like_a_string() {
 
 #[tokio::test]
 async fn completion_adds_bos_only_when_the_model_wants_it() {
-    let Some(h) = harness(Opts::default()) else { return };
+    let Some(h) = harness(Opts::default()) else {
+        return;
+    };
     let r = h
-        .post("/v1/completions", json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 3}))
+        .post(
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 3}),
+        )
         .await;
     assert_eq!(r.status, StatusCode::OK);
     let v = r.json();
@@ -380,7 +399,9 @@ async fn completion_adds_bos_only_when_the_model_wants_it() {
 
 #[tokio::test]
 async fn several_prompts_times_n_choices_are_indexed_prompt_major() {
-    let Some(h) = harness(Opts::default()) else { return };
+    let Some(h) = harness(Opts::default()) else {
+        return;
+    };
     let r = h
         .post(
             "/v1/completions",
@@ -397,7 +418,10 @@ async fn several_prompts_times_n_choices_are_indexed_prompt_major() {
     let mut reqs = h.requests();
     reqs.sort_by(|a, b| a.request_id.cmp(&b.request_id));
     let prompts: Vec<_> = reqs.iter().map(|r| r.prompt.clone()).collect();
-    assert_eq!(prompts, [vec![1, 2, 3], vec![1, 2, 3], vec![4, 5], vec![4, 5]]);
+    assert_eq!(
+        prompts,
+        [vec![1, 2, 3], vec![1, 2, 3], vec![4, 5], vec![4, 5]]
+    );
     let seeds: Vec<_> = reqs.iter().map(|r| r.params.seed).collect();
     assert_eq!(seeds, [Some(7), Some(8), Some(7), Some(8)]);
     // Each prompt's tokens are counted once, completions over all choices.
@@ -407,7 +431,9 @@ async fn several_prompts_times_n_choices_are_indexed_prompt_major() {
 
 #[tokio::test]
 async fn chat_n_runs_n_generations_with_derived_seeds_and_stop_passes_through() {
-    let Some(h) = harness(Opts::default()) else { return };
+    let Some(h) = harness(Opts::default()) else {
+        return;
+    };
     let r = h
         .post(
             "/v1/chat/completions",
@@ -421,13 +447,17 @@ async fn chat_n_runs_n_generations_with_derived_seeds_and_stop_passes_through() 
     let mut seeds: Vec<_> = reqs.iter().map(|r| r.params.seed.unwrap()).collect();
     seeds.sort();
     assert_eq!(seeds, [100, 101, 102]);
-    assert!(reqs.iter().all(|r| r.params.stop == ["\n"] && r.params.max_tokens == 5));
+    assert!(reqs
+        .iter()
+        .all(|r| r.params.stop == ["\n"] && r.params.max_tokens == 5));
     assert_eq!(v["usage"]["completion_tokens"], 15);
 }
 
 #[tokio::test]
 async fn chat_logprobs_have_openai_shape() {
-    let Some(h) = harness(Opts::default()) else { return };
+    let Some(h) = harness(Opts::default()) else {
+        return;
+    };
     let r = h
         .post(
             "/v1/chat/completions",
@@ -436,15 +466,15 @@ async fn chat_logprobs_have_openai_shape() {
         .await;
     assert_eq!(r.status, StatusCode::OK);
     let v = r.json();
-    let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap().clone();
+    let content = v["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .clone();
     assert_eq!(content.len(), 2);
     let (tok, _) = model().unwrap();
     let first = tok.encode(REPLY, false)[0];
     assert_eq!(content[0]["logprob"], -0.5);
-    assert_eq!(
-        content[0]["bytes"],
-        json!(tok.token_bytes(first).to_vec())
-    );
+    assert_eq!(content[0]["bytes"], json!(tok.token_bytes(first).to_vec()));
     assert_eq!(content[0]["token"], tok.decode(&[first]));
     let top = content[0]["top_logprobs"].as_array().unwrap();
     assert_eq!(top.len(), 2);
@@ -455,9 +485,14 @@ async fn chat_logprobs_have_openai_shape() {
 
 #[tokio::test]
 async fn completion_logprobs_have_legacy_shape() {
-    let Some(h) = harness(Opts::default()) else { return };
+    let Some(h) = harness(Opts::default()) else {
+        return;
+    };
     let r = h
-        .post("/v1/completions", json!({"prompt": "Hi", "logprobs": 1, "max_tokens": 3}))
+        .post(
+            "/v1/completions",
+            json!({"prompt": "Hi", "logprobs": 1, "max_tokens": 3}),
+        )
         .await;
     assert_eq!(r.status, StatusCode::OK);
     let lp = r.json()["choices"][0]["logprobs"].clone();
@@ -466,9 +501,17 @@ async fn completion_logprobs_have_legacy_shape() {
     assert_eq!(lp["token_logprobs"], json!([-0.5, -0.5, -0.5]));
     assert_eq!(lp["top_logprobs"].as_array().unwrap().len(), 3);
     assert_eq!(lp["top_logprobs"][0].as_object().unwrap().len(), 1);
-    let offsets: Vec<u64> = lp["text_offset"].as_array().unwrap().iter().map(|o| o.as_u64().unwrap()).collect();
+    let offsets: Vec<u64> = lp["text_offset"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o.as_u64().unwrap())
+        .collect();
     assert_eq!(offsets[0], 0);
-    assert_eq!(offsets[1], tokens[0].as_str().unwrap().chars().count() as u64);
+    assert_eq!(
+        offsets[1],
+        tokens[0].as_str().unwrap().chars().count() as u64
+    );
 }
 
 #[tokio::test]
@@ -483,21 +526,41 @@ async fn models_health_ready_and_metrics() {
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"][0]["id"], MODEL);
     assert_eq!(v["data"][0]["object"], "model");
-    assert_eq!(h.call("GET", "/health", None, None).await.status, StatusCode::OK);
+    assert_eq!(
+        h.call("GET", "/health", None, None).await.status,
+        StatusCode::OK
+    );
     assert_eq!(
         h.call("GET", "/ready", None, None).await.status,
         StatusCode::SERVICE_UNAVAILABLE
     );
 
-    h.post("/v1/completions", json!({"prompt": "Hi", "max_tokens": 2})).await;
-    h.post("/v1/completions", json!({"prompt": "Hi", "temperature": 5})).await;
+    h.post("/v1/completions", json!({"prompt": "Hi", "max_tokens": 2}))
+        .await;
+    h.post("/v1/completions", json!({"prompt": "Hi", "temperature": 5}))
+        .await;
     let m = h.metrics().await;
-    assert!(m.contains("cleave_router_requests_total{status=\"ok\"} 1"), "{m}");
-    assert!(m.contains("cleave_router_requests_total{status=\"bad_request\"} 1"), "{m}");
+    assert!(
+        m.contains("cleave_router_requests_total{status=\"ok\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("cleave_router_requests_total{status=\"bad_request\"} 1"),
+        "{m}"
+    );
     assert!(m.contains("cleave_router_generation_tokens_total 2"), "{m}");
-    assert!(m.contains("cleave_router_time_to_first_token_seconds_count 1"), "{m}");
-    assert!(m.contains("cleave_router_inter_token_latency_seconds_count 1"), "{m}");
-    assert!(m.contains("cleave_router_e2e_request_latency_seconds_count 1"), "{m}");
+    assert!(
+        m.contains("cleave_router_time_to_first_token_seconds_count 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("cleave_router_inter_token_latency_seconds_count 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("cleave_router_e2e_request_latency_seconds_count 1"),
+        "{m}"
+    );
     assert!(m.contains("cleave_router_queue_depth 0"), "{m}");
     assert!(m.contains("cleave_router_prompt_tokens_total"), "{m}");
     assert!(m.contains("# TYPE cleave_router_placements counter"), "{m}");
@@ -506,7 +569,12 @@ async fn models_health_ready_and_metrics() {
 
 #[tokio::test]
 async fn unknown_route_is_an_openai_404() {
-    let Some(h) = harness(Opts::default()) else { return };
-    let e = h.call("GET", "/v2/nothing", None, None).await.error(StatusCode::NOT_FOUND);
+    let Some(h) = harness(Opts::default()) else {
+        return;
+    };
+    let e = h
+        .call("GET", "/v2/nothing", None, None)
+        .await
+        .error(StatusCode::NOT_FOUND);
     assert_eq!(e["code"], "unknown_url");
 }

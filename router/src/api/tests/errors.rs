@@ -30,7 +30,10 @@ async fn parameter_ranges_name_the_field() {
         (json!({"top_p": 1.5}), "top_p"),
         (json!({"n": 0}), "n"),
         (json!({"n": 17}), "n"),
-        (json!({"logprobs": true, "top_logprobs": 21}), "top_logprobs"),
+        (
+            json!({"logprobs": true, "top_logprobs": 21}),
+            "top_logprobs",
+        ),
         (json!({"top_logprobs": 3}), "top_logprobs"),
         (json!({"logprobs": 3}), "logprobs"),
         (json!({"max_tokens": 0}), "max_tokens"),
@@ -43,7 +46,10 @@ async fn parameter_ranges_name_the_field() {
         (json!({"presence_penalty": 3}), "presence_penalty"),
         (json!({"top_k": -2}), "top_k"),
         (json!({"messages": []}), "messages"),
-        (json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}), "messages[0].content[0].type"),
+        (
+            json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+            "messages[0].content[0].type",
+        ),
     ];
     for (extra, param) in cases {
         let Some(e) = chat_error(extra.clone(), StatusCode::BAD_REQUEST).await else {
@@ -52,14 +58,19 @@ async fn parameter_ranges_name_the_field() {
         assert_eq!(e["type"], "invalid_request_error", "{extra}");
         assert_eq!(e["param"], param, "{extra}: {e}");
         if !param.contains('[') {
-            assert!(e["message"].as_str().unwrap().contains(param), "{extra}: {e}");
+            assert!(
+                e["message"].as_str().unwrap().contains(param),
+                "{extra}: {e}"
+            );
         }
     }
 }
 
 #[tokio::test]
 async fn accepted_but_ignored_fields_pass() {
-    let Some(h) = harness(Opts::default()) else { return };
+    let Some(h) = harness(Opts::default()) else {
+        return;
+    };
     let body = json!({
         "messages": hello(), "user": "u-1", "presence_penalty": 0.5, "frequency_penalty": 0,
         "response_format": {"type": "text"}, "some_future_field": [1, 2], "top_k": 40,
@@ -73,25 +84,46 @@ async fn accepted_but_ignored_fields_pass() {
 
 #[tokio::test]
 async fn malformed_json_and_missing_inputs() {
-    let Some(h) = harness(Opts::default()) else { return };
+    let Some(h) = harness(Opts::default()) else {
+        return;
+    };
     for body in ["{\"messages\": [", "not json", ""] {
-        let r = h.call("POST", "/v1/chat/completions", Some(body), None).await;
+        let r = h
+            .call("POST", "/v1/chat/completions", Some(body), None)
+            .await;
         let e = r.error(StatusCode::BAD_REQUEST);
         assert_eq!(e["type"], "invalid_request_error");
         assert!(e["message"].as_str().unwrap().contains("JSON"), "{e}");
     }
-    let r = h.call("POST", "/v1/completions", Some("[1, 2]"), None).await;
+    let r = h
+        .call("POST", "/v1/completions", Some("[1, 2]"), None)
+        .await;
     r.error(StatusCode::BAD_REQUEST);
 
-    let e = h.post("/v1/chat/completions", json!({"model": MODEL})).await.error(StatusCode::BAD_REQUEST);
+    let e = h
+        .post("/v1/chat/completions", json!({"model": MODEL}))
+        .await
+        .error(StatusCode::BAD_REQUEST);
     assert_eq!(e["param"], "messages");
-    let e = h.post("/v1/completions", json!({"messages": hello()})).await.error(StatusCode::BAD_REQUEST);
+    let e = h
+        .post("/v1/completions", json!({"messages": hello()}))
+        .await
+        .error(StatusCode::BAD_REQUEST);
     assert_eq!(e["param"], "prompt");
-    let e = h.post("/v1/completions", json!({"prompt": []})).await.error(StatusCode::BAD_REQUEST);
+    let e = h
+        .post("/v1/completions", json!({"prompt": []}))
+        .await
+        .error(StatusCode::BAD_REQUEST);
     assert_eq!(e["param"], "prompt");
-    let e = h.post("/v1/completions", json!({"prompt": [999999]})).await.error(StatusCode::BAD_REQUEST);
+    let e = h
+        .post("/v1/completions", json!({"prompt": [999999]}))
+        .await
+        .error(StatusCode::BAD_REQUEST);
     assert!(e["message"].as_str().unwrap().contains("vocabulary"), "{e}");
-    let e = h.post("/v1/completions", json!({"prompt": "x", "echo": true})).await.error(StatusCode::BAD_REQUEST);
+    let e = h
+        .post("/v1/completions", json!({"prompt": "x", "echo": true}))
+        .await
+        .error(StatusCode::BAD_REQUEST);
     assert_eq!(e["param"], "echo");
     assert!(h.requests().is_empty());
 }
@@ -114,13 +146,19 @@ async fn context_length_exceeded() {
         return;
     };
     let e = h
-        .post("/v1/chat/completions", json!({"messages": hello(), "max_tokens": 60}))
+        .post(
+            "/v1/chat/completions",
+            json!({"messages": hello(), "max_tokens": 60}),
+        )
         .await
         .error(StatusCode::BAD_REQUEST);
     assert_eq!(e["code"], "context_length_exceeded");
     assert_eq!(e["param"], "messages");
     let m = e["message"].as_str().unwrap();
-    assert!(m.starts_with("This model's maximum context length is 64 tokens. However, you requested"), "{m}");
+    assert!(
+        m.starts_with("This model's maximum context length is 64 tokens. However, you requested"),
+        "{m}"
+    );
     assert!(m.contains("60 in the completion"), "{m}");
 
     let long = "word ".repeat(100);
@@ -147,19 +185,37 @@ async fn api_keys_guard_the_api_but_not_health() {
     };
     let body = json!({"messages": hello(), "max_tokens": 1}).to_string();
     for key in [None, Some("sk-bad")] {
-        let r = h.call("POST", "/v1/chat/completions", Some(&body), key).await;
+        let r = h
+            .call("POST", "/v1/chat/completions", Some(&body), key)
+            .await;
         let e = r.error(StatusCode::UNAUTHORIZED);
         assert_eq!(e["code"], "invalid_api_key");
         assert!(!e["message"].as_str().unwrap().contains("sk-bad"));
     }
-    h.call("GET", "/v1/models", None, None).await.error(StatusCode::UNAUTHORIZED);
-    let r = h.call("POST", "/v1/chat/completions", Some(&body), Some("sk-other")).await;
+    h.call("GET", "/v1/models", None, None)
+        .await
+        .error(StatusCode::UNAUTHORIZED);
+    let r = h
+        .call(
+            "POST",
+            "/v1/chat/completions",
+            Some(&body),
+            Some("sk-other"),
+        )
+        .await;
     assert_eq!(r.status, StatusCode::OK);
     for path in ["/health", "/ready", "/metrics"] {
-        assert_eq!(h.call("GET", path, None, None).await.status, StatusCode::OK, "{path}");
+        assert_eq!(
+            h.call("GET", path, None, None).await.status,
+            StatusCode::OK,
+            "{path}"
+        );
     }
     let m = h.metrics().await;
-    assert!(m.contains("cleave_router_requests_total{status=\"unauthorized\"} 2"), "{m}");
+    assert!(
+        m.contains("cleave_router_requests_total{status=\"unauthorized\"} 2"),
+        "{m}"
+    );
 }
 
 #[tokio::test]
@@ -218,12 +274,18 @@ async fn full_admission_is_429_with_retry_after() {
     };
     // A streamed request holds its in-flight slot as long as its body is alive.
     let req = axum::http::Request::post("/v1/chat/completions")
-        .body(axum::body::Body::from(json!({"messages": hello(), "stream": true}).to_string()))
+        .body(axum::body::Body::from(
+            json!({"messages": hello(), "stream": true}).to_string(),
+        ))
         .unwrap();
-    let held = tower::ServiceExt::oneshot(h.app.clone(), req).await.unwrap();
+    let held = tower::ServiceExt::oneshot(h.app.clone(), req)
+        .await
+        .unwrap();
     assert_eq!(held.status(), StatusCode::OK);
 
-    let r = h.post("/v1/chat/completions", json!({"messages": hello()})).await;
+    let r = h
+        .post("/v1/chat/completions", json!({"messages": hello()}))
+        .await;
     let e = r.error(StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(e["type"], "rate_limit_error");
     assert_eq!(r.headers["retry-after"], "1");
@@ -232,9 +294,13 @@ async fn full_admission_is_429_with_retry_after() {
     assert_eq!(h.fake.live.load(std::sync::atomic::Ordering::SeqCst), 0);
     // The slot is free again.
     let req = axum::http::Request::post("/v1/completions")
-        .body(axum::body::Body::from(json!({"prompt": "Hi", "stream": true}).to_string()))
+        .body(axum::body::Body::from(
+            json!({"prompt": "Hi", "stream": true}).to_string(),
+        ))
         .unwrap();
-    let again = tower::ServiceExt::oneshot(h.app.clone(), req).await.unwrap();
+    let again = tower::ServiceExt::oneshot(h.app.clone(), req)
+        .await
+        .unwrap();
     assert_eq!(again.status(), StatusCode::OK);
 }
 
@@ -258,7 +324,12 @@ async fn request_deadline_is_504() {
     assert_eq!(h.fake.live.load(std::sync::atomic::Ordering::SeqCst), 0);
 
     // Streaming: the deadline ends the event stream with an error event.
-    let r = h.post("/v1/chat/completions", json!({"messages": hello(), "stream": true})).await;
+    let r = h
+        .post(
+            "/v1/chat/completions",
+            json!({"messages": hello(), "stream": true}),
+        )
+        .await;
     assert_eq!(r.status, StatusCode::OK);
     let events = r.events();
     let last: Value = serde_json::from_str(events.last().unwrap()).unwrap();

@@ -21,7 +21,9 @@ fn parse(events: &[String]) -> (Vec<Value>, bool) {
 
 #[tokio::test]
 async fn chat_stream_has_role_deltas_finish_usage_and_done() {
-    let Some(h) = harness(Opts::default()) else { return };
+    let Some(h) = harness(Opts::default()) else {
+        return;
+    };
     let r = h
         .post(
             "/v1/chat/completions",
@@ -64,7 +66,9 @@ async fn chat_stream_has_role_deltas_finish_usage_and_done() {
 
 #[tokio::test]
 async fn stream_without_include_usage_has_no_usage_chunk() {
-    let Some(h) = harness(Opts::default()) else { return };
+    let Some(h) = harness(Opts::default()) else {
+        return;
+    };
     let r = h
         .post(
             "/v1/chat/completions",
@@ -80,7 +84,10 @@ async fn stream_without_include_usage_has_no_usage_chunk() {
             .filter(|c| c["choices"][0]["index"] == index)
             .collect();
         assert_eq!(mine[0]["choices"][0]["delta"]["role"], "assistant");
-        assert_eq!(mine.last().unwrap()["choices"][0]["finish_reason"], "length");
+        assert_eq!(
+            mine.last().unwrap()["choices"][0]["finish_reason"],
+            "length"
+        );
         let content: Vec<_> = mine
             .iter()
             .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
@@ -92,7 +99,9 @@ async fn stream_without_include_usage_has_no_usage_chunk() {
 
 #[tokio::test]
 async fn completion_stream_and_logprobs() {
-    let Some(h) = harness(Opts::default()) else { return };
+    let Some(h) = harness(Opts::default()) else {
+        return;
+    };
     let r = h
         .post(
             "/v1/completions",
@@ -129,7 +138,10 @@ async fn error_mid_stream_is_an_error_event_and_the_end() {
         return;
     };
     let r = h
-        .post("/v1/chat/completions", json!({"messages": hello(), "stream": true}))
+        .post(
+            "/v1/chat/completions",
+            json!({"messages": hello(), "stream": true}),
+        )
         .await;
     assert_eq!(r.status, StatusCode::OK);
     let events = r.events();
@@ -137,7 +149,10 @@ async fn error_mid_stream_is_an_error_event_and_the_end() {
     let last: Value = serde_json::from_str(events.last().unwrap()).unwrap();
     assert_eq!(last["error"]["type"], "server_error");
     assert!(last["error"].get("param").is_some());
-    assert!(!last["error"]["message"].as_str().unwrap().contains("exploded"));
+    assert!(!last["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("exploded"));
     // Role chunk and the two tokens came before it.
     assert_eq!(events.len(), 4);
 }
@@ -155,7 +170,9 @@ async fn client_disconnect_drops_the_backend_streams() {
             json!({"messages": hello(), "stream": true, "n": 3}).to_string(),
         ))
         .unwrap();
-    let resp = tower::ServiceExt::oneshot(h.app.clone(), req).await.unwrap();
+    let resp = tower::ServiceExt::oneshot(h.app.clone(), req)
+        .await
+        .unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(h.fake.live.load(Ordering::SeqCst), 3);
     let mut body = resp.into_body().into_data_stream();
@@ -165,7 +182,14 @@ async fn client_disconnect_drops_the_backend_streams() {
         assert!(frame.starts_with(b"data: {"));
     }
     drop(body);
-    assert_eq!(h.fake.live.load(Ordering::SeqCst), 0, "streams must be dropped");
+    assert_eq!(
+        h.fake.live.load(Ordering::SeqCst),
+        0,
+        "streams must be dropped"
+    );
     let m = h.metrics().await;
-    assert!(m.contains("cleave_router_requests_total{status=\"ok\"} 1"), "{m}");
+    assert!(
+        m.contains("cleave_router_requests_total{status=\"ok\"} 1"),
+        "{m}"
+    );
 }
