@@ -1,7 +1,10 @@
 //! `cleave-router`: places each request on a prefill and a decode worker.
 //!
-//! The router's hops are `api → admit → place → dispatch → stream`; this crate holds, for now,
-//! the placement hop and a trace-driven simulator of it:
+//! The router's hops are `api → admit → place → dispatch → stream`; this crate holds:
+//! - [`api`]: the OpenAI-compatible HTTP front (axum): validation, tokenization, JSON and SSE
+//!   responses, OpenAI-shaped errors, `/health`, `/ready`, `/metrics`; it reaches the rest of
+//!   the router through the [`api::backend::Backend`] trait.
+//! - [`admit`]: bounded in-flight and queue limits and the per-request deadline.
 //! - [`place`]: the [`place::Policy`] trait and its policies (`prefix-load`, the default, plus
 //!   `round-robin`, `least-load`, `random` as baselines), the router's view of worker load with
 //!   optimistic accounting ([`place::WorkerView`]), and the typed result [`place::Placement`].
@@ -13,5 +16,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod admit;
+pub mod api;
 pub mod place;
 pub mod sim;

@@ -1,0 +1,252 @@
+//! Admission: the router's bound on work in flight, the hop between `api` and `place`.
+//!
+//! At most `max_in_flight` requests run at once; up to `max_queue` more wait (FIFO, tokio's
+//! fair semaphore) for at most `queue_timeout`. Anything beyond that is refused at once, so an
+//! overload turns into 429s with `Retry-After` instead of an unbounded queue. Each admitted
+//! request gets a [`Permit`] (held until its response is fully sent or dropped) with the
+//! deadline of the whole request.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::metrics::gauge::Gauge;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+/// Admission limits.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdmitConfig {
+    /// Requests that may run at once.
+    pub max_in_flight: usize,
+    /// Requests that may wait for a slot; beyond this a request is refused at once.
+    pub max_queue: usize,
+    /// Longest wait for a slot before a queued request is refused.
+    #[serde(with = "secs")]
+    pub queue_timeout: Duration,
+    /// Deadline of the whole request from its arrival (queueing included); `None`: no limit.
+    #[serde(with = "opt_secs")]
+    pub request_timeout: Option<Duration>,
+}
+
+impl Default for AdmitConfig {
+    fn default() -> Self {
+        AdmitConfig {
+            max_in_flight: 256,
+            max_queue: 1024,
+            queue_timeout: Duration::from_secs(30),
+            request_timeout: Some(Duration::from_secs(600)),
+        }
+    }
+}
+
+/// Why admission refused a request (both become HTTP 429 with `Retry-After: 1`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Rejected {
+    /// The queue was full.
+    #[error("admission queue is full")]
+    QueueFull,
+    /// The request waited `queue_timeout` without getting a slot.
+    #[error("timed out waiting for an in-flight slot")]
+    QueueTimeout,
+}
+
+/// An in-flight slot; freed when dropped.
+#[derive(Debug)]
+pub struct Permit {
+    _slot: OwnedSemaphorePermit,
+    deadline: Option<Instant>,
+}
+
+impl Permit {
+    /// When the whole request must be done, if it has a deadline.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+}
+
+/// Shared admission state; clones share the same limits.
+#[derive(Clone, Debug)]
+pub struct Admission {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: AdmitConfig,
+    slots: Arc<Semaphore>,
+    waiting: AtomicUsize,
+    queue_depth: Gauge,
+}
+
+/// Decrements the waiting count however the wait ends (success, timeout, or the request
+/// future being dropped because the client left).
+struct Waiting<'a>(&'a Inner);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::AcqRel);
+        self.0.queue_depth.dec();
+    }
+}
+
+impl Admission {
+    /// Admission with `config`, reporting its queue depth into `queue_depth`.
+    pub fn new(config: AdmitConfig, queue_depth: Gauge) -> Self {
+        Admission {
+            inner: Arc::new(Inner {
+                slots: Arc::new(Semaphore::new(config.max_in_flight)),
+                config,
+                waiting: AtomicUsize::new(0),
+                queue_depth,
+            }),
+        }
+    }
+
+    /// The limits in force.
+    pub fn config(&self) -> &AdmitConfig {
+        &self.inner.config
+    }
+
+    /// Requests waiting for a slot now.
+    pub fn waiting(&self) -> usize {
+        self.inner.waiting.load(Ordering::Acquire)
+    }
+
+    /// Waits for an in-flight slot, or refuses when the queue is full or the wait too long.
+    pub async fn admit(&self) -> Result<Permit, Rejected> {
+        let inner = &*self.inner;
+        let arrived = Instant::now();
+        let deadline = inner.config.request_timeout.map(|t| arrived + t);
+        if let Ok(slot) = inner.slots.clone().try_acquire_owned() {
+            return Ok(Permit {
+                _slot: slot,
+                deadline,
+            });
+        }
+        let claimed = inner
+            .waiting
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                (w < inner.config.max_queue).then_some(w + 1)
+            });
+        if claimed.is_err() {
+            return Err(Rejected::QueueFull);
+        }
+        inner.queue_depth.inc();
+        let _waiting = Waiting(inner);
+        let mut wait_limit = inner.config.queue_timeout;
+        if let Some(d) = deadline {
+            wait_limit = wait_limit.min(d.saturating_duration_since(arrived));
+        }
+        match tokio::time::timeout(wait_limit, inner.slots.clone().acquire_owned()).await {
+            Ok(Ok(slot)) => Ok(Permit {
+                _slot: slot,
+                deadline,
+            }),
+            // The semaphore is never closed; treat it like a timeout if it ever is.
+            Ok(Err(_)) | Err(_) => Err(Rejected::QueueTimeout),
+        }
+    }
+}
+
+/// `Duration` as (fractional) seconds in config files.
+mod secs {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let v = f64::deserialize(d)?;
+        Duration::try_from_secs_f64(v).map_err(serde::de::Error::custom)
+    }
+}
+
+/// `Option<Duration>` as (fractional) seconds in config files.
+mod opt_secs {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_some(&d.as_secs_f64()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        match Option::<f64>::deserialize(d)? {
+            Some(v) => Duration::try_from_secs_f64(v)
+                .map(Some)
+                .map_err(serde::de::Error::custom),
+            None => Ok(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn admission(max_in_flight: usize, max_queue: usize) -> Admission {
+        Admission::new(
+            AdmitConfig {
+                max_in_flight,
+                max_queue,
+                queue_timeout: Duration::from_secs(5),
+                request_timeout: Some(Duration::from_secs(60)),
+            },
+            Gauge::default(),
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn queue_full_is_refused_at_once() {
+        let a = admission(1, 1);
+        let held = a.admit().await.unwrap();
+        let a2 = a.clone();
+        let queued = tokio::spawn(async move { a2.admit().await });
+        tokio::task::yield_now().await;
+        assert_eq!(a.waiting(), 1);
+        assert_eq!(a.admit().await.unwrap_err(), Rejected::QueueFull);
+        drop(held);
+        let p = queued.await.unwrap().unwrap();
+        assert_eq!(a.waiting(), 0);
+        assert!(p.deadline().is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn queued_request_times_out() {
+        let a = admission(1, 4);
+        let _held = a.admit().await.unwrap();
+        let gauge = a.inner.queue_depth.clone();
+        let r = a.admit().await;
+        assert_eq!(r.unwrap_err(), Rejected::QueueTimeout);
+        assert_eq!(a.waiting(), 0);
+        assert_eq!(gauge.get(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dropped_waiter_leaves_the_queue() {
+        let a = admission(1, 1);
+        let _held = a.admit().await.unwrap();
+        let a2 = a.clone();
+        let queued = tokio::spawn(async move { a2.admit().await });
+        tokio::task::yield_now().await;
+        assert_eq!(a.waiting(), 1);
+        queued.abort();
+        let _ = queued.await;
+        assert_eq!(a.waiting(), 0);
+    }
+
+    #[test]
+    fn config_round_trips_through_json() {
+        let c = AdmitConfig::default();
+        let back: AdmitConfig = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
+        assert_eq!(back, c);
+    }
+}

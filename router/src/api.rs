@@ -1,0 +1,273 @@
+//! The router's OpenAI-compatible HTTP front, the first hop of `api → admit → place →
+//! dispatch → stream`.
+//!
+//! [`router`] builds the axum routes over an [`ApiState`]:
+//! - `POST /v1/chat/completions`, `POST /v1/completions`: validate ([`prepare`]), admit
+//!   ([`crate::admit`]), tokenize, start one [`backend::Backend`] generation per choice, and
+//!   answer with one JSON body ([`generate`]) or server-sent events ([`sse`]);
+//! - `GET /v1/models`: the served model;
+//! - `GET /health` (always 200), `GET /ready` (200 when a decode worker is ready, else 503),
+//!   `GET /metrics` (Prometheus text of the injected registry). These three need no API key.
+//!
+//! Every failure is an [`error::ApiError`], turned into OpenAI's error JSON in one place.
+//! Request bodies are limited by axum's default body limit (2 MB).
+
+pub mod backend;
+pub mod error;
+pub mod generate;
+pub mod metrics;
+pub mod openai;
+pub mod prepare;
+pub mod sse;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Json;
+use cleave_engine::chat::ChatTemplate;
+use cleave_engine::tokenizer::Tokenizer;
+use prometheus_client::registry::Registry;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::admit::{Admission, Permit};
+use backend::Backend;
+use error::ApiError;
+use generate::Meta;
+use metrics::{RouterMetrics, StatusClass};
+use openai::{Model, ModelList};
+use prepare::{Endpoint, Tokenize};
+
+/// Everything the HTTP layer needs; built once by the binary and shared by all requests.
+pub struct ApiState {
+    /// Places and runs generations.
+    pub backend: Arc<dyn Backend>,
+    /// The served model's tokenizer.
+    pub tokenizer: Arc<Tokenizer>,
+    /// The model's chat template; without one, chat requests get a 400.
+    pub template: Option<Arc<ChatTemplate>>,
+    /// The model's context length in tokens (prompt + completion).
+    pub max_context: usize,
+    /// Accepted bearer tokens; `None` disables authentication.
+    pub api_keys: Option<HashSet<String>>,
+    /// In-flight and queue limits, and each request's deadline.
+    pub admission: Admission,
+    /// The router's metrics (registered in `registry`).
+    pub metrics: Arc<RouterMetrics>,
+    /// The registry `/metrics` encodes (the router's and any other component's metrics).
+    pub registry: Arc<Registry>,
+}
+
+/// The axum router serving the OpenAI API, health, readiness and metrics over `state`.
+pub fn router(state: Arc<ApiState>) -> axum::Router {
+    axum::Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics_text))
+        .fallback(unknown_route)
+        .with_state(state)
+}
+
+async fn chat_completions(
+    State(s): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    serve(&s, Endpoint::Chat, &headers, body).await
+}
+
+async fn completions(
+    State(s): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    serve(&s, Endpoint::Completion, &headers, body).await
+}
+
+/// Serves one completion request and counts its response class.
+async fn serve(
+    s: &Arc<ApiState>,
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let arrived = Instant::now();
+    let span = tracing::debug_span!("api", ?endpoint);
+    match run(s, endpoint, headers, body, arrived)
+        .instrument(span)
+        .await
+    {
+        Ok(resp) => {
+            s.metrics.count_request(StatusClass::Ok);
+            resp
+        }
+        Err(e) => {
+            s.metrics.count_request(e.class());
+            e.into_response()
+        }
+    }
+}
+
+async fn run(
+    s: &Arc<ApiState>,
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    arrived: Instant,
+) -> Result<Response, ApiError> {
+    authorize(s, headers)?;
+    let body = body.map_err(|r| ApiError::bad_request(r.body_text()))?;
+    let req = prepare::parse_body(&body)?;
+    let (mut job, input, max_tokens) = prepare::validate(endpoint, req, s.backend.model_name())?;
+    let permit = s
+        .admission
+        .admit()
+        .instrument(tracing::debug_span!("admit"))
+        .await
+        .map_err(|rejected| {
+            tracing::debug!(%rejected, "request refused by admission");
+            ApiError::RateLimited
+        })?;
+    let deadline = permit.deadline();
+    let work = async move {
+        let t = Tokenize {
+            tokenizer: s.tokenizer.clone(),
+            template: s.template.clone(),
+            max_context: s.max_context,
+        };
+        job.prompts = tokio::task::spawn_blocking(move || prepare::tokenize(&t, input, max_tokens))
+            .await
+            .map_err(|e| ApiError::Internal(format!("tokenizer task failed: {e}")))??;
+        let meta = Meta::new(
+            endpoint,
+            s.backend.model_name(),
+            job.params.logprobs.is_some(),
+        );
+        let streams = generate::start(&*s.backend, &job, &meta).await?;
+        if job.stream {
+            Ok(stream_response(s, meta, &job, streams, permit, arrived))
+        } else {
+            let value =
+                generate::collect(streams, &job, &meta, &s.tokenizer, &s.metrics, arrived).await?;
+            drop(permit);
+            s.metrics
+                .e2e_request_latency
+                .observe(arrived.elapsed().as_secs_f64());
+            Ok(Json(value).into_response())
+        }
+    };
+    match deadline {
+        Some(d) => tokio::time::timeout_at(d, work)
+            .await
+            .map_err(|_| ApiError::Timeout)?,
+        None => work.await,
+    }
+}
+
+fn stream_response(
+    s: &Arc<ApiState>,
+    meta: Meta,
+    job: &prepare::Job,
+    streams: tokio_stream::StreamMap<usize, backend::BackendStream>,
+    permit: Permit,
+    arrived: Instant,
+) -> Response {
+    let body = sse::SseBody::new(
+        meta,
+        job,
+        streams,
+        s.tokenizer.clone(),
+        s.metrics.clone(),
+        permit,
+        arrived,
+    );
+    let mut resp = Response::new(Body::from_stream(body));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    resp
+}
+
+/// Checks `Authorization: Bearer <key>` when keys are configured.
+fn authorize(s: &ApiState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(keys) = &s.api_keys else {
+        return Ok(());
+    };
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, key) = v.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
+        });
+    match presented {
+        Some(key) if keys.contains(key) => Ok(()),
+        _ => Err(ApiError::Unauthorized),
+    }
+}
+
+async fn models(State(s): State<Arc<ApiState>>, headers: HeaderMap) -> Response {
+    if let Err(e) = authorize(&s, &headers) {
+        return e.into_response();
+    }
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    Json(ModelList {
+        object: "list",
+        data: vec![Model {
+            id: s.backend.model_name(),
+            object: "model",
+            created,
+            owned_by: "cleave",
+        }],
+    })
+    .into_response()
+}
+
+async fn health() -> &'static str {
+    "ok"
+}
+
+async fn ready(State(s): State<Arc<ApiState>>) -> Response {
+    if s.backend.ready() {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "no decode worker is ready").into_response()
+    }
+}
+
+async fn metrics_text(State(s): State<Arc<ApiState>>) -> Response {
+    let mut text = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &s.registry) {
+        return ApiError::Internal(format!("encoding metrics: {e}")).into_response();
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+async fn unknown_route() -> Response {
+    ApiError::UnknownRoute.into_response()
+}
+
+#[cfg(test)]
+mod tests;
