@@ -28,6 +28,8 @@ pub enum Command {
     Up(up::UpArgs),
     /// Run one worker (what `cleave up` starts; also the `cleave-prefill`/`cleave-decode` binaries).
     Worker(WorkerArgs),
+    /// Run the router (what `cleave up` starts; also the `cleave-router` binary).
+    Router(cleave_router::config::RouterConfig),
     /// Manage the default model.
     Model {
         #[command(subcommand)]
@@ -107,6 +109,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         },
         Command::Up(args) => up::up(args),
         Command::Worker(args) => cleave_worker::serve_until_signal(args.role, args.config),
+        Command::Router(config) => cleave_router::serve::serve_until_signal(config),
         Command::Generate(args) => generate::generate(args),
         Command::Chat(args) => generate::chat(args),
         Command::Score(args) => score::score(args),

@@ -215,6 +215,7 @@ pub(crate) enum Command {
     KvImported {
         id: SeqId,
         first_token: u32,
+        logprob: Option<TokenLogprob>,
     },
     KvImportFailed {
         id: SeqId,
@@ -331,9 +332,14 @@ impl Engine {
     }
 
     /// Import mode: the prompt's KV has been written into the blocks named by `KvNeeded`, and
-    /// the first generated token is `first_token`; the sequence joins the running batch.
-    pub fn kv_imported(&self, id: SeqId, first_token: u32) {
-        let _ = self.tx.send(Command::KvImported { id, first_token });
+    /// the first generated token is `first_token` (with its log-probabilities when the request
+    /// asked for them); the sequence joins the running batch.
+    pub fn kv_imported(&self, id: SeqId, first_token: u32, logprob: Option<TokenLogprob>) {
+        let _ = self.tx.send(Command::KvImported {
+            id,
+            first_token,
+            logprob,
+        });
     }
 
     /// Import mode: the KV will not arrive. With `fallback_local` the prompt is computed here;

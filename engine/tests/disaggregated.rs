@@ -98,7 +98,7 @@ async fn disaggregated(
         Some(prompt.len().div_ceil(16))
     );
     drop(lease);
-    decode.kv_imported(did, first.expect("prefill produced a first token"));
+    decode.kv_imported(did, first.expect("prefill produced a first token"), None);
     let (ids, _) = tokens_of(drx).await;
     (ids, copied)
 }

@@ -12,7 +12,11 @@ use crate::place::Role;
 /// Finds workers and keeps the cluster's membership current until `shutdown`.
 pub trait Discovery: Send + 'static {
     /// Starts discovering; returns once the initial membership is known.
-    fn start(self: Box<Self>, cluster: Arc<Cluster>, shutdown: CancellationToken) -> Result<(), String>;
+    fn start(
+        self: Box<Self>,
+        cluster: Arc<Cluster>,
+        shutdown: CancellationToken,
+    ) -> Result<(), String>;
 }
 
 /// A fixed list of workers.
@@ -23,10 +27,16 @@ pub struct Static {
 }
 
 impl Discovery for Static {
-    fn start(self: Box<Self>, cluster: Arc<Cluster>, shutdown: CancellationToken) -> Result<(), String> {
+    fn start(
+        self: Box<Self>,
+        cluster: Arc<Cluster>,
+        shutdown: CancellationToken,
+    ) -> Result<(), String> {
         for (i, (role, endpoint)) in self.workers.into_iter().enumerate() {
             let id = WorkerId(i as u64);
-            cluster.add(id, role, &endpoint).map_err(|e| format!("worker endpoint {endpoint:?}: {e}"))?;
+            cluster
+                .add(id, role, &endpoint)
+                .map_err(|e| format!("worker endpoint {endpoint:?}: {e}"))?;
             tokio::spawn(crate::watch::follow(cluster.clone(), id, shutdown.clone()));
         }
         Ok(())

@@ -13,7 +13,9 @@ use cleave_proto::v1::decode_worker_client::DecodeWorkerClient;
 use tokio_stream::StreamExt;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::api::backend::{Backend, BackendError, BackendEvent, BackendRequest, BackendStream, FinishReason};
+use crate::api::backend::{
+    Backend, BackendError, BackendEvent, BackendRequest, BackendStream, FinishReason,
+};
 use crate::api::metrics::{PlacementLabels, PlacementMode, RouterMetrics};
 use crate::place::{Charge, PlaceError, Placement, PlacementRequest, Policy, Role, WorkerView};
 
@@ -53,13 +55,23 @@ impl Default for Cluster {
 
 impl Cluster {
     /// Adds (or replaces) a worker; it takes part in placement once it is healthy.
-    pub fn add(&self, id: WorkerId, role: Role, endpoint: &str) -> Result<(), tonic::transport::Error> {
+    pub fn add(
+        &self,
+        id: WorkerId,
+        role: Role,
+        endpoint: &str,
+    ) -> Result<(), tonic::transport::Error> {
         let channel = Endpoint::from_shared(endpoint.to_string())?
             .connect_timeout(std::time::Duration::from_secs(2))
             .connect_lazy();
         self.workers.lock().expect("workers").insert(
             id,
-            WorkerEntry { id, role, endpoint: endpoint.to_string(), channel },
+            WorkerEntry {
+                id,
+                role,
+                endpoint: endpoint.to_string(),
+                channel,
+            },
         );
         self.index.lock().expect("index").add_worker(id);
         let mut view = self.view.lock().expect("view");
@@ -82,12 +94,21 @@ impl Cluster {
 
     /// Every worker.
     pub fn all(&self) -> Vec<WorkerEntry> {
-        self.workers.lock().expect("workers").values().cloned().collect()
+        self.workers
+            .lock()
+            .expect("workers")
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// Whether any decode-capable worker is healthy.
     pub fn any_decode_ready(&self) -> bool {
-        self.view.lock().expect("view").iter().any(|w| w.healthy && w.role.can_decode())
+        self.view
+            .lock()
+            .expect("view")
+            .iter()
+            .any(|w| w.healthy && w.role.can_decode())
     }
 }
 
@@ -102,7 +123,12 @@ pub struct Dispatcher {
 impl Dispatcher {
     /// A dispatcher placing with `policy` and serving `model`.
     pub fn new(cluster: Arc<Cluster>, policy: Box<dyn Policy>, model: String) -> Self {
-        Dispatcher { cluster, policy, model, metrics: None }
+        Dispatcher {
+            cluster,
+            policy,
+            model,
+            metrics: None,
+        }
     }
 
     /// Counts placements in `cleave_router_placements_total{policy,mode}`.
@@ -111,15 +137,26 @@ impl Dispatcher {
         self
     }
 
-    fn place(&self, prompt: &[u32], max_tokens: usize) -> Result<(PlacementRequest, Placement), PlaceError> {
+    fn place(
+        &self,
+        prompt: &[u32],
+        max_tokens: usize,
+    ) -> Result<(PlacementRequest, Placement), PlaceError> {
         let hashes = block_hashes(prompt, BLOCK_SIZE, 0);
-        let matches = self.cluster.index.lock().expect("index").find_matches(&hashes);
+        let matches = self
+            .cluster
+            .index
+            .lock()
+            .expect("index")
+            .find_matches(&hashes);
         let req = PlacementRequest {
             prompt_blocks: prompt.len().div_ceil(BLOCK_SIZE),
             decode_blocks: max_tokens.div_ceil(BLOCK_SIZE),
             matches,
         };
-        let placement = self.policy.place(&req, &self.cluster.view.lock().expect("view"))?;
+        let placement = self
+            .policy
+            .place(&req, &self.cluster.view.lock().expect("view"))?;
         Ok((req, placement))
     }
 }
@@ -175,19 +212,39 @@ impl Backend for Dispatcher {
                 Ok(p) => p,
                 Err(PlaceError::NoDecodeWorker) => return Err(BackendError::NoWorkers),
             };
-            let decode = self.cluster.get(placement.decode).ok_or(BackendError::NoWorkers)?;
+            let decode = self
+                .cluster
+                .get(placement.decode)
+                .ok_or(BackendError::NoWorkers)?;
             let prefill_endpoint = placement
                 .prefill
                 .and_then(|p| self.cluster.get(p))
                 .map(|p| p.endpoint)
                 .unwrap_or_default();
             if let Some(m) = &self.metrics {
-                let mode = if prefill_endpoint.is_empty() { PlacementMode::Local } else { PlacementMode::Disaggregated };
-                m.placements.get_or_create(&PlacementLabels { policy: self.policy.name(), mode }).inc();
+                let mode = if prefill_endpoint.is_empty() {
+                    PlacementMode::Local
+                } else {
+                    PlacementMode::Disaggregated
+                };
+                m.placements
+                    .get_or_create(&PlacementLabels {
+                        policy: self.policy.name(),
+                        mode,
+                    })
+                    .inc();
             }
             tracing::debug!(decode = %placement.decode, prefill = ?placement.prefill, "placed");
-            let charge = self.cluster.view.lock().expect("view").charge(&preq, &placement);
-            let guard = ChargeGuard { cluster: self.cluster.clone(), charge: Some(charge) };
+            let charge = self
+                .cluster
+                .view
+                .lock()
+                .expect("view")
+                .charge(&preq, &placement);
+            let guard = ChargeGuard {
+                cluster: self.cluster.clone(),
+                charge: Some(charge),
+            };
             let mut client = DecodeWorkerClient::new(decode.channel.clone());
             let mut call = tonic::Request::new(pb::GenerateRequest {
                 request_id: req.request_id.clone(),
@@ -205,20 +262,27 @@ impl Backend for Dispatcher {
                 }
                 Err(s) => {
                     tracing::warn!(worker = %placement.decode, error = %s.message(), "decode worker unreachable");
-                    self.cluster.view.lock().expect("view").set_healthy(placement.decode, false);
+                    self.cluster
+                        .view
+                        .lock()
+                        .expect("view")
+                        .set_healthy(placement.decode, false);
                     continue;
                 }
             };
             let out = stream.map(move |item| {
                 let _keep = &guard;
                 match item {
-                    Ok(ev) => event(ev).unwrap_or(BackendEvent::Error("empty event from the worker".into())),
+                    Ok(ev) => event(ev)
+                        .unwrap_or(BackendEvent::Error("empty event from the worker".into())),
                     Err(s) => BackendEvent::Error(format!("decode worker failed: {}", s.message())),
                 }
             });
             return Ok(Box::pin(out));
         }
-        Err(BackendError::Unavailable("no decode worker answered".into()))
+        Err(BackendError::Unavailable(
+            "no decode worker answered".into(),
+        ))
     }
 
     fn model_name(&self) -> &str {

@@ -9,6 +9,11 @@
 //!   `round-robin`, `least-load`, `random` as baselines), the router's view of worker load with
 //!   optimistic accounting ([`place::WorkerView`]), and the typed result [`place::Placement`].
 //!   Prefix affinity comes from `cleave-kv-index`'s [`cleave_kv_index::PrefixIndex`].
+//! - [`dispatch`]: places each request ([`place`] over the prefix index and load) and streams
+//!   it from the chosen decode worker over gRPC, naming the prefill worker when disaggregating;
+//!   [`watch`] keeps the index and load current from every worker's `Watch` stream, and
+//!   [`discovery`] says which workers exist. [`serve`] wires it all into the `cleave-router`
+//!   binary ([`config`]).
 //! - [`sim`]: replays a Mooncake-format trace through the real index and policies against
 //!   simulated workers (LRU caches emitting KV events, FIFO service with a simple time model)
 //!   and reports hit rate, load imbalance, TTFT and decision rate per policy
@@ -18,5 +23,10 @@
 
 pub mod admit;
 pub mod api;
+pub mod config;
+pub mod discovery;
+pub mod dispatch;
 pub mod place;
+pub mod serve;
 pub mod sim;
+pub mod watch;

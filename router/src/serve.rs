@@ -12,7 +12,7 @@ use cleave_engine::tokenizer::Tokenizer;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::admit::{AdmitConfig, Admission};
+use crate::admit::{Admission, AdmitConfig};
 use crate::api::metrics::RouterMetrics;
 use crate::api::ApiState;
 use crate::config::RouterConfig;
@@ -32,19 +32,30 @@ pub struct Running {
 
 /// Starts the router until `shutdown`; returns once it listens.
 pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::Result<Running> {
-    let g = GgufFile::open(&config.model).with_context(|| format!("reading {}", config.model.display()))?;
+    let g = GgufFile::open(&config.model)
+        .with_context(|| format!("reading {}", config.model.display()))?;
     let tokenizer = Arc::new(Tokenizer::from_gguf(&g)?);
     let template = ChatTemplate::from_gguf(&g, &tokenizer).ok().map(Arc::new);
     let arch = g.architecture()?.to_string();
     let max_context = g.get_u32(&format!("{arch}.context_length")).unwrap_or(2048) as usize;
     let model_name = config.served_model_name.clone().unwrap_or_else(|| {
-        config.model.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
+        config
+            .model
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into())
     });
     let api_keys = match &config.api_keys_file {
         None => None,
         Some(p) => {
-            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-            let keys: HashSet<String> = text.lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect();
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let keys: HashSet<String> = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(String::from)
+                .collect();
             anyhow::ensure!(!keys.is_empty(), "{} holds no API keys", p.display());
             Some(keys)
         }
@@ -53,12 +64,25 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
     let mut registry = Registry::default();
     let metrics = Arc::new(RouterMetrics::new(&mut registry));
     let cluster = Arc::new(Cluster::default());
-    let mut workers: Vec<(Role, String)> = config.prefill.iter().map(|e| (Role::Prefill, e.clone())).collect();
+    let mut workers: Vec<(Role, String)> = config
+        .prefill
+        .iter()
+        .map(|e| (Role::Prefill, e.clone()))
+        .collect();
     workers.extend(config.decode.iter().map(|e| (Role::Decode, e.clone())));
-    anyhow::ensure!(!config.decode.is_empty(), "at least one --decode worker is required");
-    Box::new(Static { workers }).start(cluster.clone(), shutdown.clone()).map_err(anyhow::Error::msg)?;
-    let place = PlaceConfig { disagg_min_uncached_blocks: config.disagg_min_uncached_blocks, ..Default::default() };
-    let dispatcher = Dispatcher::new(cluster.clone(), config.policy.build(&place), model_name).with_metrics(metrics.clone());
+    anyhow::ensure!(
+        !config.decode.is_empty(),
+        "at least one --decode worker is required"
+    );
+    Box::new(Static { workers })
+        .start(cluster.clone(), shutdown.clone())
+        .map_err(anyhow::Error::msg)?;
+    let place = PlaceConfig {
+        disagg_min_uncached_blocks: config.disagg_min_uncached_blocks,
+        ..Default::default()
+    };
+    let dispatcher = Dispatcher::new(cluster.clone(), config.policy.build(&place), model_name)
+        .with_metrics(metrics.clone());
     let admission = Admission::new(
         AdmitConfig {
             max_in_flight: config.max_in_flight,
@@ -78,20 +102,31 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
         metrics,
         registry: Arc::new(registry),
     });
-    let listener = tokio::net::TcpListener::bind(config.listen).await.context("binding the API address")?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .context("binding the API address")?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, policy = ?config.policy, "router listening");
     let app = crate::api::router(state);
     let task = tokio::spawn(async move {
-        axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await?;
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown.cancelled_owned())
+            .await?;
         Ok(())
     });
-    Ok(Running { addr, cluster, task })
+    Ok(Running {
+        addr,
+        cluster,
+        task,
+    })
 }
 
 /// Serves until Ctrl-C or SIGTERM, printing `{"http":"addr"}` on stdout once listening.
 pub fn serve_until_signal(config: RouterConfig) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     rt.block_on(async move {
         let shutdown = CancellationToken::new();
         let running = run(config, shutdown.clone()).await?;
@@ -103,7 +138,9 @@ pub fn serve_until_signal(config: RouterConfig) -> anyhow::Result<()> {
         });
         #[cfg(unix)]
         tokio::spawn(async move {
-            if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            if let Ok(mut s) =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            {
                 s.recv().await;
                 shutdown.cancel();
             }

@@ -22,7 +22,9 @@ fn record(e: pb::KvEvent) -> Option<KvEventRecord> {
             parent: s.parent.map(BlockHash),
             blocks: s.blocks.into_iter().map(BlockHash).collect(),
         },
-        Kind::Removed(r) => KvEvent::Removed { hashes: r.hashes.into_iter().map(BlockHash).collect() },
+        Kind::Removed(r) => KvEvent::Removed {
+            hashes: r.hashes.into_iter().map(BlockHash).collect(),
+        },
         Kind::Cleared(_) => KvEvent::Cleared,
     };
     Some(KvEventRecord { id: e.id, event })
@@ -82,7 +84,11 @@ pub async fn follow(cluster: Arc<Cluster>, id: WorkerId, shutdown: CancellationT
                     }
                 }
                 if let Some(l) = &update.load {
-                    cluster.view.lock().expect("view").report(id, load(entry.role, l));
+                    cluster
+                        .view
+                        .lock()
+                        .expect("view")
+                        .report(id, load(entry.role, l));
                 }
                 if gap {
                     tracing::warn!(worker = %id, "KV event gap: resyncing");

@@ -132,9 +132,13 @@ impl Worker {
                     self.done(s, FinishReason::Cancelled, String::new());
                 }
             }
-            Command::KvImported { id, first_token } => {
+            Command::KvImported {
+                id,
+                first_token,
+                logprob,
+            } => {
                 if let Some(index) = self.sched.unpark(id, first_token) {
-                    let end = self.accept(index, first_token, None);
+                    let end = self.accept(index, first_token, logprob);
                     if let Some((reason, text)) = end {
                         let s = self.sched.finish(index);
                         self.done(s, reason, text);

@@ -43,7 +43,14 @@ pub async fn run(state: Arc<WorkerState>, job: Job) {
                 .transfer_seconds
                 .observe(resp.transfer_seconds);
             tracing::debug!(elapsed = ?started.elapsed(), bytes = resp.bytes_transferred, "kv imported");
-            state.engine.kv_imported(job.id, resp.first_token);
+            let logprob = resp
+                .logprob
+                .map(|logprob| cleave_engine::sample::TokenLogprob {
+                    token: resp.first_token,
+                    logprob,
+                    top: resp.top.iter().map(|t| (t.token, t.logprob)).collect(),
+                });
+            state.engine.kv_imported(job.id, resp.first_token, logprob);
         }
         Err(why) => {
             let fallback = state.config.local_fallback;
