@@ -1,0 +1,146 @@
+"""Killing workers: a dead prefill worker makes requests fall back to local prefill; a dead
+decode worker ends its streams with an error and the router stops placing on it; no KV block
+leaks on the survivors. Each worker and the router is a separate process (`cleave worker`,
+`cleave router`), so they can be killed one at a time."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+
+import openai
+import pytest
+
+from conftest import free_port
+
+
+class Proc:
+    def __init__(self, cleave_bin, *args):
+        self.p = subprocess.Popen([cleave_bin, *args], stdout=subprocess.PIPE, text=True)
+        line = self.p.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{args[0]} exited with {self.p.wait()}")
+        self.addrs = json.loads(line)
+        threading.Thread(target=lambda: [None for _ in self.p.stdout], daemon=True).start()
+
+    def kill(self):
+        self.p.send_signal(signal.SIGKILL)
+        self.p.wait()
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+
+
+def metric(proc, name):
+    body = urllib.request.urlopen(f"http://{proc.addrs['http']}/metrics", timeout=5).read().decode()
+    m = re.search(rf"^{name} (\S+)$", body, re.M)
+    return float(m.group(1)) if m else None
+
+
+def wait_until(cond, timeout=30, what="condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture()
+def fleet(cleave_bin):
+    procs = []
+
+    def worker(role):
+        p = Proc(cleave_bin, "worker", "--role", role, "--kv-blocks", "256", "--model", model_path(cleave_bin))
+        procs.append(p)
+        return p
+
+    def router(prefill, decode):
+        port = free_port()
+        args = ["router", "--model", model_path(cleave_bin), "--listen", f"127.0.0.1:{port}", "--disagg-min-uncached-blocks", "1"]
+        for p in prefill:
+            args += ["--prefill", f"http://{p.addrs['grpc']}"]
+        for d in decode:
+            args += ["--decode", f"http://{d.addrs['grpc']}"]
+        r = Proc(cleave_bin, *args)
+        procs.append(r)
+        base = f"http://{r.addrs['http']}"
+        wait_until(lambda: ready(base), what="router ready")
+        # Give the router a moment to see every worker healthy.
+        time.sleep(0.5)
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
+        client.model = client.models.list().data[0].id
+        return client
+
+    yield worker, router
+    for p in procs:
+        p.stop()
+
+
+def ready(base):
+    try:
+        return urllib.request.urlopen(f"{base}/ready", timeout=2).status == 200
+    except Exception:
+        return False
+
+
+def model_path(cleave_bin):
+    return subprocess.run([cleave_bin, "model", "path"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+LONG = "Licensed under the Apache License, Version 2.0; you may not use this file except in compliance with the License. " * 30
+
+
+def test_dead_prefill_worker_means_local_prefill_and_no_leak(fleet):
+    worker, router = fleet
+    p, d = worker("prefill"), worker("decode")
+    client = router([p], [d])
+    ok = client.completions.create(model=client.model, prompt="The capital of France is", max_tokens=8, temperature=0)
+    assert "Paris" in ok.choices[0].text
+    assert metric(d, "cleave_worker_disaggregated_requests_total") == 1
+    # Kill the prefill worker while a long prompt is being prefilled (or just before).
+    result = {}
+
+    def long_request():
+        result["r"] = client.completions.create(model=client.model, prompt=LONG, max_tokens=8, temperature=0)
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    time.sleep(0.3)
+    p.kill()
+    t.join(timeout=120)
+    assert "r" in result and result["r"].usage.completion_tokens == 8
+    # And later requests still work (prefilled on the decode worker).
+    again = client.completions.create(model=client.model, prompt=LONG + " Again.", max_tokens=4, temperature=0)
+    assert again.usage.completion_tokens == 4
+    wait_until(lambda: metric(d, "cleave_kv_blocks_used") == 0, what="decode worker blocks back to 0")
+
+
+def test_dead_decode_worker_ends_its_stream_with_an_error_and_is_avoided(fleet):
+    worker, router = fleet
+    d1, d2 = worker("decode"), worker("decode")
+    client = router([], [d1, d2])
+    stream = client.completions.create(model=client.model, prompt="Once upon a time", max_tokens=2000, temperature=0, stream=True, extra_body={"ignore_eos": True})
+    it = iter(stream)
+    next(it)
+    next(it)
+    victim = d1 if (metric(d1, "cleave_worker_running_sequences") or 0) > 0 else d2
+    survivor = d2 if victim is d1 else d1
+    victim.kill()
+    with pytest.raises(openai.APIError):
+        for _ in it:
+            pass
+    # New requests go to the survivor.
+    for i in range(4):
+        r = client.completions.create(model=client.model, prompt=f"Request {i}: hello", max_tokens=4, temperature=0)
+        assert r.usage.completion_tokens == 4
+    wait_until(lambda: metric(survivor, "cleave_kv_blocks_used") == 0, what="survivor blocks back to 0")
