@@ -249,7 +249,7 @@ impl Backend for Dispatcher {
             let mut call = tonic::Request::new(pb::GenerateRequest {
                 request_id: req.request_id.clone(),
                 prompt: req.prompt.clone(),
-                params: Some(sampling_to_wire(&req.params)),
+                params: Some(cleave_proto::convert::sampling_to_wire(&req.params)),
                 prefill_endpoint,
             });
             if let Ok(v) = req.request_id.parse() {
@@ -291,20 +291,5 @@ impl Backend for Dispatcher {
 
     fn ready(&self) -> bool {
         self.cluster.any_decode_ready()
-    }
-}
-
-/// The wire form of sampling parameters.
-pub fn sampling_to_wire(p: &cleave_engine::sample::SamplingParams) -> pb::SamplingParams {
-    pb::SamplingParams {
-        temperature: p.temperature,
-        top_k: p.top_k as u32,
-        top_p: p.top_p,
-        seed: p.seed,
-        max_tokens: p.max_tokens as u32,
-        stop: p.stop.clone(),
-        stop_token_ids: p.stop_token_ids.clone(),
-        ignore_eos: p.ignore_eos,
-        logprobs: p.logprobs.map(|n| n as u32),
     }
 }

@@ -5,37 +5,14 @@ use cleave_engine::sample::{SamplingParams, TokenLogprob};
 use cleave_proto::v1 as pb;
 use tonic::Status;
 
+pub use cleave_proto::convert::sampling_to_wire;
+
 /// The engine's sampling parameters from the wire; `InvalidArgument` names a bad field.
 pub fn sampling(p: Option<pb::SamplingParams>) -> Result<SamplingParams, Status> {
     let p = p.ok_or_else(|| Status::invalid_argument("params is required"))?;
-    let params = SamplingParams {
-        temperature: p.temperature,
-        top_k: p.top_k as usize,
-        top_p: if p.top_p == 0.0 { 1.0 } else { p.top_p },
-        seed: p.seed,
-        max_tokens: p.max_tokens as usize,
-        stop: p.stop,
-        stop_token_ids: p.stop_token_ids,
-        ignore_eos: p.ignore_eos,
-        logprobs: p.logprobs.map(|n| n as usize),
-    };
+    let params = cleave_proto::convert::sampling_from_wire(p);
     params.validate().map_err(Status::invalid_argument)?;
     Ok(params)
-}
-
-/// The wire form of sampling parameters.
-pub fn sampling_to_wire(p: &SamplingParams) -> pb::SamplingParams {
-    pb::SamplingParams {
-        temperature: p.temperature,
-        top_k: p.top_k as u32,
-        top_p: p.top_p,
-        seed: p.seed,
-        max_tokens: p.max_tokens as u32,
-        stop: p.stop.clone(),
-        stop_token_ids: p.stop_token_ids.clone(),
-        ignore_eos: p.ignore_eos,
-        logprobs: p.logprobs.map(|n| n as u32),
-    }
 }
 
 /// `(logprob, top)` of a token, for the wire.
