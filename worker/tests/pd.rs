@@ -223,3 +223,58 @@ async fn unreachable_prefill_worker_falls_back_to_local_prefill() {
     );
     stop.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_prefill_call_aborts_the_prefill_and_its_transfers() {
+    use cleave_proto::v1::prefill_worker_client::PrefillWorkerClient;
+    let stop = CancellationToken::new();
+    let prefill = run(Role::Prefill, config(BackendChoice::Auto), stop.clone())
+        .await
+        .unwrap();
+    // The destination: a decode worker's real region (no sequence of its own is running).
+    let decode = run(Role::Decode, config(BackendChoice::Auto), stop.clone())
+        .await
+        .unwrap();
+    let l = Loaded::open(&default_model_path(), Threads::single()).unwrap();
+    let long = "Licensed under the Apache License, Version 2.0; you may not use this file except in compliance with the License. ".repeat(25);
+    let prompt = l.tokenizer.encode(&long, false);
+    let blocks = prompt.len().div_ceil(16);
+    assert!(blocks < 128);
+    let dest = pb::KvDestination {
+        worker_address: serde_json::to_vec(&decode.state.transport.local_address()).unwrap(),
+        region: serde_json::to_vec(&decode.state.region.descriptor()).unwrap(),
+        blocks: (0..blocks as u32).collect(),
+        block_bytes: decode.state.layout.block_bytes() as u64,
+        skip_blocks: 0,
+    };
+    let req = pb::PrefillRequest {
+        request_id: "dropped".into(),
+        prompt,
+        params: Some(greedy(1)),
+        destination: Some(dest),
+    };
+    let mut client = PrefillWorkerClient::connect(format!("http://{}", prefill.grpc_addr))
+        .await
+        .unwrap();
+    let call = tokio::spawn(async move { client.prefill(req).await });
+    // Wait until the prefill is running, then drop the call.
+    for _ in 0..500 {
+        if prefill.state.engine.stats().running > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(
+        prefill.state.engine.stats().running > 0,
+        "the prefill never started"
+    );
+    call.abort();
+    let s = settle(&prefill).await;
+    assert_eq!(s.pool.used, 0, "{:?}", s.pool);
+    assert_eq!(s.finished, 1);
+    assert!(
+        s.generated_tokens == 0,
+        "the aborted prefill still produced its first token"
+    );
+    stop.cancel();
+}
