@@ -52,6 +52,10 @@ pub struct WorkerConfig {
     /// request).
     #[arg(long, env = "CLEAVE_LOCAL_FALLBACK", default_value_t = true, action = clap::ArgAction::Set)]
     pub local_fallback: bool,
+    /// Decode role: prefill locally (even when a prefill worker is named) when fewer than this
+    /// many prompt tokens are not already cached here.
+    #[arg(long, env = "CLEAVE_LOCAL_PREFILL_BELOW_TOKENS", default_value_t = 0)]
+    pub local_prefill_below_tokens: usize,
 }
 
 /// Parses `auto`, `ucx` or `tcp`.

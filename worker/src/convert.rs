@@ -41,7 +41,11 @@ pub fn reason(r: FinishReason) -> &'static str {
 
 /// A streamed token or the end, for the decode worker's `Generate` stream (`None` for events
 /// that stay inside the worker).
-pub fn generate_event(ev: SeqEvent, disaggregated: bool) -> Option<pb::GenerateEvent> {
+pub fn generate_event(
+    ev: SeqEvent,
+    disaggregated: bool,
+    ttft: Option<pb::TtftBreakdown>,
+) -> Option<pb::GenerateEvent> {
     use pb::generate_event::Event;
     let event = match ev {
         SeqEvent::Token {
@@ -73,6 +77,7 @@ pub fn generate_event(ev: SeqEvent, disaggregated: bool) -> Option<pb::GenerateE
             cached_tokens: cached_tokens as u32,
             text,
             disaggregated,
+            ttft,
         }),
         _ => return None,
     };

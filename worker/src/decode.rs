@@ -35,6 +35,7 @@ impl DecodeWorker for Decode {
         &self,
         request: Request<pb::GenerateRequest>,
     ) -> Result<Response<EventStream>, Status> {
+        let arrival = std::time::Instant::now();
         let req = request.into_inner();
         let params = crate::convert::sampling(req.params)?;
         let remote = !req.prefill_endpoint.is_empty();
@@ -58,12 +59,22 @@ impl DecodeWorker for Decode {
             async move {
                 let mut import: Option<tokio::task::JoinHandle<()>> = None;
                 let mut disaggregated = false;
+                let (mut admitted, mut first_token) = (None, None);
+                let (timing_tx, mut timing_rx) = tokio::sync::oneshot::channel();
+                let mut timing_tx = Some(timing_tx);
                 while let Some(ev) = rx.recv().await {
                     if let SeqEvent::KvNeeded {
                         blocks,
                         cached_tokens,
                     } = ev
                     {
+                        admitted = Some(std::time::Instant::now());
+                        let prompt_tokens = req.prompt.len();
+                        if prompt_tokens - cached_tokens < state.config.local_prefill_below_tokens {
+                            // Conditional disaggregation: too little left to be worth a transfer.
+                            engine.kv_import_failed(id, true);
+                            continue;
+                        }
                         let job = import_kv::Job {
                             id,
                             request_id: req.request_id.clone(),
@@ -74,11 +85,32 @@ impl DecodeWorker for Decode {
                             cached_tokens,
                         };
                         disaggregated = true;
-                        import = Some(tokio::spawn(import_kv::run(state.clone(), job)));
+                        let timing = timing_tx.take().expect("one import per request");
+                        import = Some(tokio::spawn(import_kv::run(state.clone(), job, timing)));
                         continue;
                     }
+                    if first_token.is_none() && matches!(ev, SeqEvent::Token { .. }) {
+                        first_token = Some(std::time::Instant::now());
+                    }
                     let done = matches!(ev, SeqEvent::Done { .. });
-                    if let Some(e) = crate::convert::generate_event(ev, disaggregated) {
+                    let timing = if done && disaggregated {
+                        timing_rx.try_recv().ok()
+                    } else {
+                        None
+                    };
+                    let ttft = match (admitted, first_token, timing) {
+                        (Some(admitted), Some(first), Some(t)) => Some(pb::TtftBreakdown {
+                            queue_seconds: (admitted - arrival).as_secs_f64(),
+                            prefill_seconds: t.compute_seconds,
+                            transfer_seconds: t.transfer_seconds,
+                            first_decode_seconds: first
+                                .saturating_duration_since(t.imported_at)
+                                .as_secs_f64(),
+                            total_seconds: (first - arrival).as_secs_f64(),
+                        }),
+                        _ => None,
+                    };
+                    if let Some(e) = crate::convert::generate_event(ev, disaggregated, ttft) {
                         if tx.send(Ok(e)).await.is_err() {
                             // The caller went away: stop decoding (and the prefill, below).
                             engine.cancel(id);

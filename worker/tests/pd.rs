@@ -27,6 +27,7 @@ fn config(transport: BackendChoice) -> WorkerConfig {
         transport,
         prefill_timeout: Duration::from_secs(20),
         local_fallback: true,
+        local_prefill_below_tokens: 0,
     }
 }
 
@@ -137,6 +138,13 @@ async fn disaggregated_equals_single_process(transport: BackendChoice) {
         assert_eq!(got, want, "{transport:?}: {}-token prompt", prompt.len());
         assert!(fin.disaggregated);
         assert_eq!(fin.reason, "length");
+        let t = fin
+            .ttft
+            .expect("a disaggregated request reports its TTFT breakdown");
+        assert!(
+            t.total_seconds >= t.prefill_seconds && t.prefill_seconds > 0.0,
+            "{t:?}"
+        );
     }
     // The long prompt again: the decode worker's own prefix cache serves its full blocks.
     let long = prompts().remove(1);
@@ -276,5 +284,37 @@ async fn a_dropped_prefill_call_aborts_the_prefill_and_its_transfers() {
         s.generated_tokens == 0,
         "the aborted prefill still produced its first token"
     );
+    stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_uncached_remainders_are_prefilled_locally() {
+    let stop = CancellationToken::new();
+    let prefill = run(Role::Prefill, config(BackendChoice::Tcp), stop.clone())
+        .await
+        .unwrap();
+    let decode = run(
+        Role::Decode,
+        WorkerConfig {
+            local_prefill_below_tokens: 64,
+            ..config(BackendChoice::Tcp)
+        },
+        stop.clone(),
+    )
+    .await
+    .unwrap();
+    let short = prompts().remove(0);
+    let (got, fin) = generate(&decode, &short, Some(&prefill), 8).await;
+    assert_eq!(got, reference(&short, 8).await);
+    assert!(
+        !fin.disaggregated,
+        "a {}-token prompt was sent to the prefill worker",
+        short.len()
+    );
+    let long = prompts().remove(1);
+    assert!(long.len() > 64);
+    let (_, fin) = generate(&decode, &long, Some(&prefill), 4).await;
+    assert!(fin.disaggregated);
+    assert_eq!(settle(&decode).await.pool.used, 0);
     stop.cancel();
 }

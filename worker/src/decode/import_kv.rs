@@ -24,8 +24,17 @@ pub struct Job {
     pub cached_tokens: usize,
 }
 
+/// How a successful remote prefill went: compute and transfer-tail seconds as the prefill
+/// worker measured them, and when the decode worker had the KV.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    pub compute_seconds: f64,
+    pub transfer_seconds: f64,
+    pub imported_at: Instant,
+}
+
 /// Runs the remote prefill and tells the engine how it went.
-pub async fn run(state: Arc<WorkerState>, job: Job) {
+pub async fn run(state: Arc<WorkerState>, job: Job, timing: tokio::sync::oneshot::Sender<Timing>) {
     let started = Instant::now();
     let timeout = state.config.prefill_timeout;
     let result = tokio::time::timeout(timeout, call(&state, &job)).await;
@@ -51,6 +60,11 @@ pub async fn run(state: Arc<WorkerState>, job: Job) {
                     top: resp.top.iter().map(|t| (t.token, t.logprob)).collect(),
                 });
             state.engine.kv_imported(job.id, resp.first_token, logprob);
+            let _ = timing.send(Timing {
+                compute_seconds: resp.compute_seconds,
+                transfer_seconds: resp.transfer_seconds,
+                imported_at: Instant::now(),
+            });
         }
         Err(why) => {
             let fallback = state.config.local_fallback;
