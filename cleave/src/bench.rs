@@ -327,6 +327,13 @@ pub struct KvTransferArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Also measure the TTFT breakdown of disaggregated requests with prompts of this many
+    /// tokens (0: skip).
+    #[arg(long, default_value_t = 1024)]
+    pub ttft_prompt_tokens: usize,
+    /// GGUF for the TTFT breakdown (default: the cached default model).
+    #[arg(long, env = "CLEAVE_MODEL")]
+    pub model: Option<std::path::PathBuf>,
 }
 
 /// Our transports' GB/s on KV-block-shaped transfers, next to memcpy and ucx_perftest.
@@ -342,10 +349,116 @@ pub fn bench_kv_transfer(args: KvTransferArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let report = rt.block_on(bench(&config))?;
+    drop(rt);
+    let ttft = if args.ttft_prompt_tokens > 0 {
+        let model = match args.model {
+            Some(p) => p,
+            None => crate::fetch::fetch_default_model(false)?,
+        };
+        ttft_breakdown(model, args.ttft_prompt_tokens, 3)?
+    } else {
+        Vec::new()
+    };
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        let mut v = serde_json::to_value(&report)?;
+        v["ttft_breakdown"] = serde_json::Value::Array(ttft);
+        println!("{v}");
     } else {
         println!("{}", report.table());
+        if !ttft.is_empty() {
+            println!("TTFT of a disaggregated request (decode worker's view), seconds:");
+            println!(
+                "{:>8} {:>8} {:>10} {:>10} {:>10} {:>8}",
+                "prompt", "queue", "prefill", "kv tail", "1st step", "ttft"
+            );
+            for t in &ttft {
+                println!(
+                    "{:>8} {:>8.4} {:>10.4} {:>10.4} {:>10.4} {:>8.4}",
+                    t["prompt_tokens"],
+                    t["queue_s"].as_f64().unwrap_or(0.0),
+                    t["prefill_compute_s"].as_f64().unwrap_or(0.0),
+                    t["kv_transfer_tail_s"].as_f64().unwrap_or(0.0),
+                    t["first_decode_s"].as_f64().unwrap_or(0.0),
+                    t["ttft_s"].as_f64().unwrap_or(0.0)
+                );
+            }
+        }
     }
     Ok(())
+}
+
+/// TTFT of disaggregated requests by phase: starts a prefill and a decode worker in this
+/// process (real gRPC, the default transport) and sends `n` fresh prompts of `tokens` tokens.
+pub fn ttft_breakdown(
+    model: std::path::PathBuf,
+    tokens: usize,
+    n: usize,
+) -> anyhow::Result<Vec<serde_json::Value>> {
+    use cleave_proto::v1 as pb;
+    use cleave_worker::{run, Role, WorkerConfig};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let config = WorkerConfig {
+            model: model.clone(),
+            grpc_addr: "127.0.0.1:0".parse()?,
+            http_addr: "127.0.0.1:0".parse()?,
+            kv_blocks: 512,
+            kv_dtype: Default::default(),
+            threads: 1,
+            step_tokens: 256,
+            transport: Default::default(),
+            prefill_timeout: Duration::from_secs(120),
+            local_fallback: false,
+            local_prefill_below_tokens: 0,
+        };
+        let stop = tokio_util::sync::CancellationToken::new();
+        let prefill = run(Role::Prefill, config.clone(), stop.clone()).await?;
+        let decode = run(Role::Decode, config, stop.clone()).await?;
+        let tok = cleave_engine::tokenizer::Tokenizer::from_gguf(
+            &cleave_engine::gguf::GgufFile::open(&model)?,
+        )?;
+        let mut client = cleave_proto::v1::decode_worker_client::DecodeWorkerClient::connect(
+            format!("http://{}", decode.grpc_addr),
+        )
+        .await?;
+        let mut out = Vec::new();
+        for i in 0..n {
+            let mut prompt = tok.encode(&format!("Request {i}. "), false);
+            prompt.extend(tok.encode(&TEXT.repeat(tokens / 20 + 2), false));
+            prompt.truncate(tokens);
+            let req = pb::GenerateRequest {
+                request_id: format!("ttft-{i}"),
+                prompt,
+                params: Some(pb::SamplingParams {
+                    max_tokens: 2,
+                    top_p: 1.0,
+                    ignore_eos: true,
+                    ..Default::default()
+                }),
+                prefill_endpoint: format!("http://{}", prefill.grpc_addr),
+            };
+            let mut stream = client.generate(req).await?.into_inner();
+            while let Some(ev) = stream.message().await? {
+                if let Some(pb::generate_event::Event::Finished(f)) = ev.event {
+                    let t = f
+                        .ttft
+                        .context("no TTFT breakdown (was the request disaggregated?)")?;
+                    out.push(serde_json::json!({
+                        "prompt_tokens": f.prompt_tokens,
+                        "queue_s": t.queue_seconds,
+                        "prefill_compute_s": t.prefill_seconds,
+                        "kv_transfer_tail_s": t.transfer_seconds,
+                        "first_decode_s": t.first_decode_seconds,
+                        "ttft_s": t.total_seconds,
+                        "transport": format!("{:?}", decode.state.transport.backend()),
+                    }));
+                }
+            }
+        }
+        stop.cancel();
+        Ok(out)
+    })
 }
