@@ -125,6 +125,10 @@ async fn run(
     arrived: Instant,
 ) -> Result<Response, ApiError> {
     authorize(s, headers)?;
+    let traceparent = headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     let body = body.map_err(|r| ApiError::bad_request(r.body_text()))?;
     let req = prepare::parse_body(&body)?;
     let (mut job, input, max_tokens) = prepare::validate(endpoint, req, s.backend.model_name())?;
@@ -151,7 +155,8 @@ async fn run(
             endpoint,
             s.backend.model_name(),
             job.params.logprobs.is_some(),
-        );
+        )
+        .with_trace(traceparent.as_deref());
         let streams = generate::start(&*s.backend, &job, &meta).await?;
         if job.stream {
             Ok(stream_response(s, meta, &job, streams, permit, arrived))

@@ -255,6 +255,9 @@ impl Backend for Dispatcher {
             if let Ok(v) = req.request_id.parse() {
                 call.metadata_mut().insert("x-request-id", v);
             }
+            if let Some(Ok(v)) = req.traceparent.as_deref().map(str::parse) {
+                call.metadata_mut().insert("traceparent", v);
+            }
             let stream = match client.generate(call).await {
                 Ok(r) => r.into_inner(),
                 Err(s) if s.code() == tonic::Code::InvalidArgument => {

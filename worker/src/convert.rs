@@ -83,3 +83,15 @@ pub fn generate_event(
     };
     Some(pb::GenerateEvent { event: Some(event) })
 }
+
+/// The W3C `traceparent` of a call, if it carries one.
+pub fn traceparent(meta: &tonic::metadata::MetadataMap) -> Option<String> {
+    meta.get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
+/// The trace id part of a `traceparent` (empty when absent), for log spans.
+pub fn trace_id(traceparent: Option<&str>) -> &str {
+    traceparent.and_then(|t| t.split('-').nth(1)).unwrap_or("")
+}

@@ -36,6 +36,7 @@ impl DecodeWorker for Decode {
         request: Request<pb::GenerateRequest>,
     ) -> Result<Response<EventStream>, Status> {
         let arrival = std::time::Instant::now();
+        let traceparent = crate::convert::traceparent(request.metadata());
         let req = request.into_inner();
         let params = crate::convert::sampling(req.params)?;
         let remote = !req.prefill_endpoint.is_empty();
@@ -54,7 +55,13 @@ impl DecodeWorker for Decode {
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         let (tx, out) = tokio::sync::mpsc::channel(64);
         let state = self.state.clone();
-        let span = tracing::info_span!("decode", request_id = %req.request_id, seq = id.0, remote);
+        let span = tracing::info_span!(
+            "decode",
+            request_id = %req.request_id,
+            trace_id = %crate::convert::trace_id(traceparent.as_deref()),
+            seq = id.0,
+            remote
+        );
         tokio::spawn(tracing::Instrument::instrument(
             async move {
                 let mut import: Option<tokio::task::JoinHandle<()>> = None;
@@ -81,6 +88,7 @@ impl DecodeWorker for Decode {
                             prompt: req.prompt.clone(),
                             params: params.clone(),
                             endpoint: req.prefill_endpoint.clone(),
+                            traceparent: traceparent.clone(),
                             blocks,
                             cached_tokens,
                         };

@@ -29,8 +29,13 @@ impl PrefillWorker for Prefill {
         &self,
         request: Request<pb::PrefillRequest>,
     ) -> Result<Response<pb::PrefillResponse>, Status> {
+        let traceparent = crate::convert::traceparent(request.metadata());
         let req = request.into_inner();
-        let span = tracing::info_span!("prefill", request_id = %req.request_id);
+        let span = tracing::info_span!(
+            "prefill",
+            request_id = %req.request_id,
+            trace_id = %crate::convert::trace_id(traceparent.as_deref())
+        );
         // If the caller goes away tonic drops this future: the export's guard then cancels the
         // engine sequence and the transfers in flight.
         let resp =

@@ -20,6 +20,8 @@ pub struct BackendRequest {
     pub prompt: Vec<u32>,
     /// Sampling and stopping rules; `max_tokens` is always set by the API layer.
     pub params: SamplingParams,
+    /// W3C trace context (`traceparent`) to continue in the workers.
+    pub traceparent: Option<String>,
 }
 
 /// Why a generation ended.

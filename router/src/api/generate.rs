@@ -31,6 +31,8 @@ pub struct Meta {
     pub endpoint: Endpoint,
     /// Whether logprobs are rendered.
     pub logprobs: bool,
+    /// The W3C `traceparent` the workers continue (the client's, or a new trace).
+    pub traceparent: String,
 }
 
 impl Meta {
@@ -49,7 +51,29 @@ impl Meta {
             model: model.to_string(),
             endpoint,
             logprobs,
+            traceparent: String::new(),
         }
+    }
+
+    /// Continues the client's W3C trace context when it sent a valid `traceparent`, else
+    /// starts a new trace (a new span id either way: the router's own span).
+    pub fn with_trace(mut self, incoming: Option<&str>) -> Self {
+        let span_id = &random_hex()[..16];
+        let trace_id = incoming
+            .and_then(|t| {
+                let parts: Vec<&str> = t.trim().split('-').collect();
+                let hex =
+                    |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+                (parts.len() == 4
+                    && hex(parts[0], 2)
+                    && hex(parts[1], 32)
+                    && hex(parts[2], 16)
+                    && hex(parts[3], 2))
+                .then(|| parts[1].to_ascii_lowercase())
+            })
+            .unwrap_or_else(random_hex);
+        self.traceparent = format!("00-{trace_id}-{span_id}-01");
+        self
     }
 }
 
@@ -82,6 +106,7 @@ pub async fn start(
                 request_id: format!("{}-{index}", meta.id),
                 prompt: prompt.tokens.clone(),
                 params: job.params_for(p, i),
+                traceparent: Some(meta.traceparent.clone()),
             };
             map.insert(index, backend.generate(req).await?);
         }
@@ -355,4 +380,27 @@ pub struct Shared {
     pub tokenizer: Arc<Tokenizer>,
     /// Where timings and counts go.
     pub metrics: Arc<RouterMetrics>,
+}
+
+#[cfg(test)]
+mod trace_tests {
+    use super::*;
+
+    #[test]
+    fn traceparent_continues_a_valid_trace_or_starts_one() {
+        let m = Meta::new(Endpoint::Completion, "m", false).with_trace(Some(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ));
+        assert!(m
+            .traceparent
+            .starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-"));
+        assert!(
+            !m.traceparent.contains("00f067aa0ba902b7"),
+            "the router's span id is its own"
+        );
+        let fresh = Meta::new(Endpoint::Completion, "m", false).with_trace(Some("garbage"));
+        let parts: Vec<&str> = fresh.traceparent.split('-').collect();
+        assert_eq!(parts.len(), 4);
+        assert_eq!((parts[1].len(), parts[2].len()), (32, 16));
+    }
 }

@@ -20,6 +20,7 @@ pub struct Job {
     pub prompt: Vec<u32>,
     pub params: SamplingParams,
     pub endpoint: String,
+    pub traceparent: Option<String>,
     pub blocks: Vec<cleave_engine::kv::BlockId>,
     pub cached_tokens: usize,
 }
@@ -100,6 +101,9 @@ async fn call(state: &WorkerState, job: &Job) -> Result<pb::PrefillResponse, Str
     let mut request = tonic::Request::new(req);
     if let Ok(v) = job.request_id.parse() {
         request.metadata_mut().insert("x-request-id", v);
+    }
+    if let Some(Ok(v)) = job.traceparent.as_deref().map(str::parse) {
+        request.metadata_mut().insert("traceparent", v);
     }
     client
         .prefill(request)
