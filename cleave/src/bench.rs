@@ -413,6 +413,10 @@ pub fn ttft_breakdown(
             prefill_timeout: Duration::from_secs(120),
             local_fallback: false,
             local_prefill_below_tokens: 0,
+            etcd: None,
+            etcd_prefix: "/cleave/workers/".into(),
+            advertise_addr: None,
+            etcd_lease_ttl: Duration::from_secs(10),
         };
         let stop = tokio_util::sync::CancellationToken::new();
         let prefill = run(Role::Prefill, config.clone(), stop.clone()).await?;

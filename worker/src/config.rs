@@ -56,6 +56,19 @@ pub struct WorkerConfig {
     /// many prompt tokens are not already cached here.
     #[arg(long, env = "CLEAVE_LOCAL_PREFILL_BELOW_TOKENS", default_value_t = 0)]
     pub local_prefill_below_tokens: usize,
+    /// etcd endpoints (comma-separated) to register this worker in, for routers' etcd
+    /// discovery; unset: no registration.
+    #[arg(long, env = "CLEAVE_ETCD")]
+    pub etcd: Option<String>,
+    /// Key prefix of worker registrations in etcd.
+    #[arg(long, env = "CLEAVE_ETCD_PREFIX", default_value = "/cleave/workers/")]
+    pub etcd_prefix: String,
+    /// The host (or `host:port`) routers dial; default: the bound gRPC address.
+    #[arg(long, env = "CLEAVE_ADVERTISE_ADDR")]
+    pub advertise_addr: Option<String>,
+    /// TTL of the etcd lease: a worker that dies without revoking it disappears after this.
+    #[arg(long, env = "CLEAVE_ETCD_LEASE_TTL", value_parser = parse_duration, default_value = "10s")]
+    pub etcd_lease_ttl: Duration,
 }
 
 /// Parses `auto`, `ucx` or `tcp`.

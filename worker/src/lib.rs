@@ -19,6 +19,7 @@ pub mod convert;
 pub mod decode;
 pub mod metrics;
 pub mod prefill;
+pub mod register;
 pub mod serve;
 pub mod watch;
 

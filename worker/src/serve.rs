@@ -151,7 +151,20 @@ pub async fn run(
     });
     state.ready.store(true, Ordering::SeqCst);
     tracing::info!(%grpc_addr, %http_addr, "worker ready");
+    let registration = match crate::register::start(role, &config, grpc_addr, shutdown.clone())
+        .await
+        .context("registering in etcd")
+    {
+        Ok(r) => r,
+        Err(e) => {
+            shutdown.cancel();
+            return Err(e);
+        }
+    };
     let task = tokio::spawn(async move {
+        if let Some(r) = registration {
+            let _ = r.await;
+        }
         grpc_task.await?.context("gRPC server")?;
         http_task.await?.context("HTTP server")?;
         Ok(())

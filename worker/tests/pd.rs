@@ -28,6 +28,10 @@ fn config(transport: BackendChoice) -> WorkerConfig {
         prefill_timeout: Duration::from_secs(20),
         local_fallback: true,
         local_prefill_below_tokens: 0,
+        etcd: None,
+        etcd_prefix: "/cleave/workers/".into(),
+        advertise_addr: None,
+        etcd_lease_ttl: Duration::from_secs(10),
     }
 }
 
