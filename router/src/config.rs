@@ -46,6 +46,31 @@ pub struct RouterConfig {
     /// Longest time a request may take, queueing included.
     #[arg(long, env = "CLEAVE_REQUEST_TIMEOUT", value_parser = parse_secs, default_value = "600")]
     pub request_timeout: Duration,
+    /// etcd endpoints (comma-separated) to discover workers from (combinable with
+    /// `--decode`/`--prefill`).
+    #[arg(long, env = "CLEAVE_ETCD")]
+    pub etcd: Option<String>,
+    /// Key prefix of worker registrations in etcd.
+    #[arg(long, env = "CLEAVE_ETCD_PREFIX", default_value = "/cleave/workers/")]
+    pub etcd_prefix: String,
+}
+
+impl RouterConfig {
+    /// The etcd endpoints, empty when etcd discovery is off.
+    pub fn etcd_endpoints(&self) -> Vec<String> {
+        self.etcd
+            .as_deref()
+            .map(crate::discovery::etcd::split_endpoints)
+            .unwrap_or_default()
+    }
+
+    /// Checks that some source of decode workers is configured.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.decode.is_empty() && self.etcd_endpoints().is_empty() {
+            return Err("at least one decode worker source is required: --decode or --etcd".into());
+        }
+        Ok(())
+    }
 }
 
 fn parse_secs(s: &str) -> Result<Duration, String> {

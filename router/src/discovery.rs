@@ -1,5 +1,5 @@
-//! How the router learns its workers. `static` (a list, for `cleave up` and tests) today; etcd
-//! and Kubernetes implementations plug in behind the same trait.
+//! How the router learns its workers: [`Static`] (a list, for `cleave up` and tests) and
+//! [`etcd::Etcd`] (workers register under a lease); Kubernetes plugs in behind the same trait.
 
 use std::sync::Arc;
 
@@ -8,6 +8,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::dispatch::Cluster;
 use crate::place::Role;
+
+pub mod etcd;
 
 /// Finds workers and keeps the cluster's membership current until `shutdown`.
 pub trait Discovery: Send + 'static {

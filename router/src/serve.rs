@@ -16,6 +16,7 @@ use crate::admit::{Admission, AdmitConfig};
 use crate::api::metrics::RouterMetrics;
 use crate::api::ApiState;
 use crate::config::RouterConfig;
+use crate::discovery::etcd::Etcd;
 use crate::discovery::{Discovery, Static};
 use crate::dispatch::{Cluster, Dispatcher};
 use crate::place::{PlaceConfig, Role};
@@ -70,13 +71,20 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
         .map(|e| (Role::Prefill, e.clone()))
         .collect();
     workers.extend(config.decode.iter().map(|e| (Role::Decode, e.clone())));
-    anyhow::ensure!(
-        !config.decode.is_empty(),
-        "at least one --decode worker is required"
-    );
+    config.validate().map_err(anyhow::Error::msg)?;
     Box::new(Static { workers })
         .start(cluster.clone(), shutdown.clone())
         .map_err(anyhow::Error::msg)?;
+    let etcd = config.etcd_endpoints();
+    if !etcd.is_empty() {
+        let discovery = Etcd::connect(&etcd, &config.etcd_prefix)
+            .await
+            .with_context(|| format!("etcd discovery at {}", etcd.join(",")))?;
+        Box::new(discovery)
+            .start(cluster.clone(), shutdown.clone())
+            .map_err(anyhow::Error::msg)?;
+        tracing::info!(endpoints = %etcd.join(","), prefix = %config.etcd_prefix, "etcd discovery started");
+    }
     let place = PlaceConfig {
         disagg_min_uncached_blocks: config.disagg_min_uncached_blocks,
         ..Default::default()
