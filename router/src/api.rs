@@ -102,6 +102,8 @@ async fn serve(
 ) -> Response {
     let arrived = Instant::now();
     let span = tracing::debug_span!("api", ?endpoint);
+    // Continue the client's trace in the exported spans (a no-op without export).
+    cleave_telemetry::set_parent(&span, client_traceparent(headers).as_deref());
     match run(s, endpoint, headers, body, arrived)
         .instrument(span)
         .await
@@ -117,6 +119,14 @@ async fn serve(
     }
 }
 
+/// The client's W3C `traceparent` header, if it sent one.
+fn client_traceparent(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
 async fn run(
     s: &Arc<ApiState>,
     endpoint: Endpoint,
@@ -125,10 +135,9 @@ async fn run(
     arrived: Instant,
 ) -> Result<Response, ApiError> {
     authorize(s, headers)?;
-    let traceparent = headers
-        .get("traceparent")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
+    let traceparent = client_traceparent(headers);
+    // When spans are exported the workers continue the `api` span itself.
+    let exported = cleave_telemetry::traceparent_of(&tracing::Span::current());
     let body = body.map_err(|r| ApiError::bad_request(r.body_text()))?;
     let req = prepare::parse_body(&body)?;
     let (mut job, input, max_tokens) = prepare::validate(endpoint, req, s.backend.model_name())?;
@@ -157,6 +166,10 @@ async fn run(
             job.params.logprobs.is_some(),
         )
         .with_trace(traceparent.as_deref());
+        let meta = match exported {
+            Some(tp) => meta.with_traceparent(tp),
+            None => meta,
+        };
         let streams = generate::start(&*s.backend, &job, &meta).await?;
         if job.stream {
             Ok(stream_response(s, meta, &job, streams, permit, arrived))

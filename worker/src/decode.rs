@@ -62,6 +62,9 @@ impl DecodeWorker for Decode {
             seq = id.0,
             remote
         );
+        // Continue the router's trace; the prefill worker then continues this span.
+        cleave_telemetry::set_parent(&span, traceparent.as_deref());
+        let traceparent = cleave_telemetry::traceparent_of(&span).or(traceparent);
         tokio::spawn(tracing::Instrument::instrument(
             async move {
                 let mut import: Option<tokio::task::JoinHandle<()>> = None;

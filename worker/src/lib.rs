@@ -38,13 +38,10 @@ struct Cli {
 pub fn main_for(role: Role) -> std::process::ExitCode {
     use clap::Parser;
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("CLEAVE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let _telemetry = cleave_telemetry::init(match role {
+        Role::Decode => "cleave-decode",
+        Role::Prefill => "cleave-prefill",
+    });
     match serve_until_signal(role, cli.config) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

@@ -36,6 +36,7 @@ impl PrefillWorker for Prefill {
             request_id = %req.request_id,
             trace_id = %crate::convert::trace_id(traceparent.as_deref())
         );
+        cleave_telemetry::set_parent(&span, traceparent.as_deref());
         // If the caller goes away tonic drops this future: the export's guard then cancels the
         // engine sequence and the transfers in flight.
         let resp =

@@ -75,6 +75,12 @@ impl Meta {
         self.traceparent = format!("00-{trace_id}-{span_id}-01");
         self
     }
+
+    /// Passes `traceparent` (the router's exported `api` span) on to the workers as is.
+    pub fn with_traceparent(mut self, traceparent: String) -> Self {
+        self.traceparent = traceparent;
+        self
+    }
 }
 
 /// 32 hex digits from std's randomly keyed hasher (ids need uniqueness, not secrecy).

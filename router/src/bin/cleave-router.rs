@@ -11,13 +11,7 @@ struct Cli {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("CLEAVE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let _telemetry = cleave_telemetry::init("cleave-router");
     match cleave_router::serve::serve_until_signal(cli.config) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

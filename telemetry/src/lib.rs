@@ -1,0 +1,159 @@
+//! Logging and tracing setup shared by cleave's binaries.
+//!
+//! [`init`] installs a `tracing` subscriber writing to stderr (filter from `CLEAVE_LOG`) and,
+//! only when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, an OpenTelemetry layer that exports spans
+//! over OTLP/HTTP (protobuf) to `$OTEL_EXPORTER_OTLP_ENDPOINT/v1/traces`. The per-request
+//! spans continue the caller's W3C `traceparent` through [`set_parent`], and the hops pass
+//! their own span's context on with [`traceparent_of`]; both are no-ops when export is off.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+/// The variable that turns export on (the standard OTLP one).
+pub const ENDPOINT_VAR: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+
+static EXPORTING: AtomicBool = AtomicBool::new(false);
+
+/// Flushes and shuts the span exporter down when dropped; keep it alive for the whole run.
+#[must_use = "dropping the guard shuts span export down"]
+pub struct Guard {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl std::fmt::Debug for Guard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guard")
+            .field("exporting", &self.provider.is_some())
+            .finish()
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some(provider) = self.provider.take() {
+            EXPORTING.store(false, Ordering::Relaxed);
+            // shutdown flushes the batch processor (a blocking call on its own thread).
+            if let Err(e) = provider.shutdown() {
+                eprintln!("warning: shutting OpenTelemetry export down: {e}");
+            }
+        }
+    }
+}
+
+/// [`init_with_default`] with the default filter "info".
+pub fn init(service_name: &str) -> Guard {
+    init_with_default(service_name, "info")
+}
+
+/// Installs the global subscriber: a fmt layer to stderr filtered by `CLEAVE_LOG` (else
+/// `default_filter`) and, when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, OTLP/HTTP span export
+/// under `service_name`. Export failing to start is reported on stderr, not fatal.
+pub fn init_with_default(service_name: &str, default_filter: &str) -> Guard {
+    let filter =
+        || EnvFilter::try_from_env("CLEAVE_LOG").unwrap_or_else(|_| EnvFilter::new(default_filter));
+    let exporting = std::env::var_os(ENDPOINT_VAR).is_some_and(|v| !v.is_empty());
+    let provider = if exporting {
+        match provider(service_name) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("warning: OpenTelemetry export disabled: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let Some(provider) = provider else {
+        // Exactly the subscriber the binaries always had.
+        tracing_subscriber::fmt()
+            .with_env_filter(filter())
+            .with_writer(std::io::stderr)
+            .init();
+        return Guard { provider: None };
+    };
+    let tracer = provider.tracer("cleave");
+    // The fmt layer keeps its own filter; the export layer takes cleave's spans down to debug
+    // (the router's `api` and `admit` spans are debug spans) and anything else at info.
+    let otel_filter = tracing_subscriber::filter::filter_fn(|meta| {
+        let level = *meta.level();
+        level <= tracing::Level::INFO
+            || (meta.is_span()
+                && level <= tracing::Level::DEBUG
+                && meta.target().starts_with("cleave"))
+    });
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_filter(filter()),
+        )
+        .with(
+            tracing_opentelemetry::layer()
+                .with_tracer(tracer)
+                .with_filter(otel_filter),
+        )
+        .init();
+    EXPORTING.store(true, Ordering::Relaxed);
+    Guard {
+        provider: Some(provider),
+    }
+}
+
+fn provider(service_name: &str) -> Result<SdkTracerProvider, Box<dyn std::error::Error>> {
+    use opentelemetry_otlp::WithExportConfig;
+    // The endpoint comes from OTEL_EXPORTER_OTLP_ENDPOINT (with /v1/traces appended), or
+    // OTEL_EXPORTER_OTLP_TRACES_ENDPOINT as given.
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+        .build()?;
+    let resource = opentelemetry_sdk::Resource::builder()
+        .with_service_name(service_name.to_string())
+        .build();
+    Ok(SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(resource)
+        .build())
+}
+
+/// Whether spans are being exported (so [`set_parent`] and [`traceparent_of`] do anything).
+pub fn exporting() -> bool {
+    EXPORTING.load(Ordering::Relaxed)
+}
+
+/// Makes `span` a child of the remote span in the W3C `traceparent` (if valid). Call it
+/// before the span is first entered. A no-op when export is off.
+pub fn set_parent(span: &tracing::Span, traceparent: Option<&str>) {
+    let Some(tp) = traceparent.filter(|_| exporting()) else {
+        return;
+    };
+    let carrier = HashMap::from([("traceparent".to_string(), tp.to_string())]);
+    let cx = TraceContextPropagator::new().extract(&carrier);
+    if cx.span().span_context().is_valid() {
+        span.set_parent(cx);
+    }
+}
+
+/// The W3C `traceparent` naming `span` itself, to pass to the next hop; `None` when export
+/// is off or the span is disabled.
+pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
+    if !exporting() || span.is_disabled() {
+        return None;
+    }
+    let cx = span.context();
+    if !cx.span().span_context().is_valid() {
+        return None;
+    }
+    let mut carrier = HashMap::new();
+    TraceContextPropagator::new().inject_context(&cx, &mut carrier);
+    carrier.remove("traceparent")
+}
