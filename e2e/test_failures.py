@@ -64,9 +64,9 @@ def fleet(cleave_bin):
         procs.append(p)
         return p
 
-    def router(prefill, decode):
+    def router(prefill, decode, *extra):
         port = free_port()
-        args = ["router", "--model", model_path(cleave_bin), "--listen", f"127.0.0.1:{port}", "--disagg-min-uncached-blocks", "1"]
+        args = ["router", "--model", model_path(cleave_bin), "--listen", f"127.0.0.1:{port}", "--disagg-min-uncached-blocks", "1", *extra]
         for p in prefill:
             args += ["--prefill", f"http://{p.addrs['grpc']}"]
         for d in decode:
@@ -144,3 +144,28 @@ def test_dead_decode_worker_ends_its_stream_with_an_error_and_is_avoided(fleet):
         r = client.completions.create(model=client.model, prompt=f"Request {i}: hello", max_tokens=4, temperature=0)
         assert r.usage.completion_tokens == 4
     wait_until(lambda: metric(survivor, "cleave_kv_blocks_used") == 0, what="survivor blocks back to 0")
+
+
+def test_over_capacity_gives_429_with_retry_after_not_timeouts(fleet):
+    worker, router = fleet
+    d = worker("decode")
+    client = router([], [d], "--max-in-flight", "1", "--max-queue", "1")
+    results = []
+
+    def one(i):
+        try:
+            client.completions.create(model=client.model, prompt=f"Request {i}: once upon a time", max_tokens=60, temperature=0, extra_body={"ignore_eos": True})
+            results.append("ok")
+        except openai.RateLimitError as e:
+            results.append(("429", e.response.headers.get("retry-after")))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    rejected = [r for r in results if r != "ok"]
+    assert len(results) == 6
+    assert results.count("ok") >= 1, results
+    assert rejected and all(r[1] == "1" for r in rejected), results
+    wait_until(lambda: metric(d, "cleave_kv_blocks_used") == 0, what="blocks back to 0")
