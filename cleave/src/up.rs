@@ -186,7 +186,7 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         .build()?;
     let stop = tokio_util::sync::CancellationToken::new();
     rt.block_on(async {
-        cleave_worker::cancel_on_signal(stop.clone());
+        cleave_telemetry::cancel_on_signal(stop.clone());
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,

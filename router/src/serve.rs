@@ -139,20 +139,7 @@ pub fn serve_until_signal(config: RouterConfig) -> anyhow::Result<()> {
         let shutdown = CancellationToken::new();
         let running = run(config, shutdown.clone()).await?;
         println!("{{\"http\":\"{}\"}}", running.addr);
-        let stop = shutdown.clone();
-        tokio::spawn(async move {
-            let _ = tokio::signal::ctrl_c().await;
-            stop.cancel();
-        });
-        #[cfg(unix)]
-        tokio::spawn(async move {
-            if let Ok(mut s) =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            {
-                s.recv().await;
-                shutdown.cancel();
-            }
-        });
+        cleave_telemetry::cancel_on_signal(shutdown);
         running.task.await?
     })
 }

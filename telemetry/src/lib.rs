@@ -5,6 +5,7 @@
 //! over OTLP/HTTP (protobuf) to `$OTEL_EXPORTER_OTLP_ENDPOINT/v1/traces`. The per-request
 //! spans continue the caller's W3C `traceparent` through [`set_parent`], and the hops pass
 //! their own span's context on with [`traceparent_of`]; both are no-ops when export is off.
+//! [`cancel_on_signal`] is the shutdown trigger every long-running binary uses.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -156,4 +157,21 @@ pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
     let mut carrier = HashMap::new();
     TraceContextPropagator::new().inject_context(&cx, &mut carrier);
     carrier.remove("traceparent")
+}
+
+/// Cancels `token` on Ctrl-C or SIGTERM (must be called inside a tokio runtime).
+pub fn cancel_on_signal(token: tokio_util::sync::CancellationToken) {
+    let stop = token.clone();
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        stop.cancel();
+    });
+    #[cfg(unix)]
+    tokio::spawn(async move {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            s.recv().await;
+            token.cancel();
+        }
+    });
 }

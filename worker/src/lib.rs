@@ -71,19 +71,4 @@ pub fn serve_until_signal(role: Role, config: WorkerConfig) -> anyhow::Result<()
     })
 }
 
-/// Cancels `token` on Ctrl-C or SIGTERM.
-pub fn cancel_on_signal(token: tokio_util::sync::CancellationToken) {
-    let stop = token.clone();
-    tokio::spawn(async move {
-        let _ = tokio::signal::ctrl_c().await;
-        stop.cancel();
-    });
-    #[cfg(unix)]
-    tokio::spawn(async move {
-        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        {
-            s.recv().await;
-            token.cancel();
-        }
-    });
-}
+pub use cleave_telemetry::cancel_on_signal;
