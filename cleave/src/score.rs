@@ -38,7 +38,7 @@ pub fn score(args: ScoreArgs) -> anyhow::Result<()> {
         "{} has fewer than 2 tokens",
         args.file.display()
     );
-    let s = score_tokens(&loaded.model, tokens, args.chunk, args.kv_dtype);
+    let s = score_tokens(&loaded.model, tokens, args.chunk, args.kv_dtype)?;
     if args.json {
         println!("{}", serde_json::to_string(&s)?);
     } else {

@@ -197,6 +197,9 @@ pub struct EngineStats {
     pub held: usize,
     /// Steps run.
     pub steps: u64,
+    /// The engine stopped because a step failed (a rank of its group died); it serves nothing
+    /// more and every request it held ended as aborted.
+    pub failed: bool,
     /// Scheduler counters (prefix hits, computed tokens, preemptions).
     pub counters: SchedulerCounters,
     /// Tokens generated.

@@ -36,7 +36,7 @@ fn perplexity_and_argmax_agree_with_llama_cpp() {
     let (_, r) = reference();
     let l = common::loaded();
     for (dtype, chunk) in [(KvDtype::F32, 256), (KvDtype::F16, 100)] {
-        let s = score(&l.model, r.tokens.clone(), chunk, dtype);
+        let s = score(&l.model, r.tokens.clone(), chunk, dtype).expect("single rank");
         assert_eq!(s.n_scored, r.n_scored);
         let rel = (s.ppl - r.ppl).abs() / r.ppl;
         let agree = s

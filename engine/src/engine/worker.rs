@@ -5,6 +5,7 @@ use std::sync::{mpsc, Arc};
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::collective::CollectiveError;
 use crate::kv::memory::KvCache;
 use crate::kv::BlockId;
 use crate::model::{Logits, Model, SeqChunk, Workspace};
@@ -99,7 +100,11 @@ impl Worker {
                 }
             }
             if !self.sched.is_idle() {
-                self.step();
+                if let Err(e) = self.step() {
+                    tracing::error!(error = %e, "engine step failed; the engine stops");
+                    self.stats.failed = true;
+                    return self.shutdown_with(FinishReason::Aborted);
+                }
             }
             self.publish();
         }
@@ -192,7 +197,12 @@ impl Worker {
         true
     }
 
-    fn shutdown(mut self) {
+    fn shutdown(self) {
+        self.shutdown_with(FinishReason::Cancelled)
+    }
+
+    /// Ends every request with `reason`, frees all blocks and publishes the final state.
+    fn shutdown_with(mut self, reason: FinishReason) {
         let ids: Vec<SeqId> = self
             .sched
             .running
@@ -203,7 +213,7 @@ impl Worker {
         let parked: Vec<SeqId> = self.sched.parked.iter().map(|s| s.id).collect();
         for id in ids.into_iter().chain(parked) {
             if let Some(s) = self.sched.remove(id) {
-                self.done(s, FinishReason::Cancelled, String::new());
+                self.done(s, reason, String::new());
             }
         }
         for (_, blocks) in std::mem::take(&mut self.held) {
@@ -212,7 +222,7 @@ impl Worker {
         self.publish();
     }
 
-    fn step(&mut self) {
+    fn step(&mut self) -> Result<(), CollectiveError> {
         let plan = self.sched.schedule();
         for id in std::mem::take(&mut self.sched.newly_parked) {
             let Some(s) = self.sched.parked.iter().find(|s| s.id == id) else {
@@ -238,7 +248,7 @@ impl Worker {
             if let Some(s) = self.sched.waiting.pop_front() {
                 self.done(s, FinishReason::Length, String::new());
             }
-            return;
+            return Ok(());
         }
         let chunks: Vec<SeqChunk> = plan
             .iter()
@@ -252,7 +262,7 @@ impl Worker {
                 }
             })
             .collect();
-        self.model.forward(&chunks, &mut self.cache, &mut self.ws);
+        self.model.forward(&chunks, &mut self.cache, &mut self.ws)?;
         self.sched.computed(&plan);
         self.stats.steps += 1;
         self.announce_full_blocks(&plan);
@@ -267,6 +277,7 @@ impl Worker {
                 self.done(s, reason, text);
             }
         }
+        Ok(())
     }
 
     /// Export mode: tells the caller which blocks became full in this step.

@@ -1,5 +1,6 @@
 //! The layer loop.
 
+use crate::collective::CollectiveError;
 use crate::kernels::{Activations, QMatrix};
 use crate::kv::memory::KvCache;
 use crate::kv::BlockId;
@@ -76,8 +77,14 @@ fn matmul(
 
 impl Model {
     /// Runs one step over `chunks`, writing their keys/values into `cache`; returns the number
-    /// of logit rows written to `ws.logits` (one per requested token, in order).
-    pub fn forward(&self, chunks: &[SeqChunk], cache: &mut KvCache, ws: &mut Workspace) -> usize {
+    /// of logit rows written to `ws.logits` (one per requested token, in order). Fails only when
+    /// a collective with other ranks fails (the group is then unusable).
+    pub fn forward(
+        &self,
+        chunks: &[SeqChunk],
+        cache: &mut KvCache,
+        ws: &mut Workspace,
+    ) -> Result<usize, CollectiveError> {
         let cfg = &self.config;
         let (hidden, hd) = (cfg.hidden, cfg.head_dim);
         let (nh, nkv) = (self.local_heads(), self.local_kv_heads());
@@ -98,7 +105,7 @@ impl Model {
         }
         let n = tokens.len();
         if n == 0 {
-            return 0;
+            return Ok(0);
         }
         let ws_rope = ws.rope.get_or_insert_with(|| {
             Rope::new(cfg.rope_theta, cfg.rope_dim, hd, cfg.arch.rope_style())
@@ -143,7 +150,7 @@ impl Model {
             ws.att.resize(n * nh * hd, 0.0);
             attend(cache, l, &slots, &ws.q, nh, &mut ws.att, &mut ws.attn);
             matmul(&layer.wo, &mut ws.acts, &ws.att, n, &mut ws.o, th);
-            self.collective.all_reduce_sum(&mut ws.o);
+            self.collective.all_reduce_sum(&mut ws.o)?;
             add_inplace(&mut ws.x, &ws.o);
 
             rms_norm(&ws.x, &layer.ffn_norm, cfg.rms_eps, &mut ws.h);
@@ -154,7 +161,7 @@ impl Model {
             }
             swiglu(&mut ws.gate, &ws.up);
             matmul(&layer.w_down, &mut ws.acts, &ws.gate, n, &mut ws.o, th);
-            self.collective.all_reduce_sum(&mut ws.o);
+            self.collective.all_reduce_sum(&mut ws.o)?;
             add_inplace(&mut ws.x, &ws.o);
         }
 
@@ -177,7 +184,7 @@ impl Model {
         let rows = ws.row.len() / hidden;
         if rows == 0 {
             ws.logits.clear();
-            return 0;
+            return Ok(0);
         }
         ws.h.resize(rows * hidden, 0.0);
         rms_norm(
@@ -197,20 +204,20 @@ impl Model {
             th,
         );
         ws.h = h;
-        self.gather_vocab(rows, ws);
-        rows
+        self.gather_vocab(rows, ws)?;
+        Ok(rows)
     }
 
     /// Puts the full-vocabulary logits into `ws.logits` (vocab-parallel head: gather and
     /// interleave each rank's slice per row).
-    fn gather_vocab(&self, rows: usize, ws: &mut Workspace) {
+    fn gather_vocab(&self, rows: usize, ws: &mut Workspace) -> Result<(), CollectiveError> {
         let world = self.collective.world();
         if world == 1 {
             std::mem::swap(&mut ws.logits, &mut ws.local_logits);
-            return;
+            return Ok(());
         }
         self.collective
-            .all_gather(&ws.local_logits, &mut ws.gathered);
+            .all_gather(&ws.local_logits, &mut ws.gathered)?;
         let part = ws.local_logits.len() / rows;
         ws.logits.resize(rows * part * world, 0.0);
         for r in 0..world {
@@ -220,5 +227,6 @@ impl Model {
                 ws.logits[dst..dst + part].copy_from_slice(src);
             }
         }
+        Ok(())
     }
 }

@@ -3,6 +3,7 @@
 
 use serde::Serialize;
 
+use crate::collective::CollectiveError;
 use crate::kv::memory::{KvCache, KvDtype, KvLayout};
 use crate::kv::BlockId;
 use crate::sample::argmax;
@@ -25,7 +26,13 @@ pub struct Score {
 }
 
 /// Scores `tokens`, computing `chunk` tokens per forward pass.
-pub fn score(model: &Model, tokens: Vec<u32>, chunk: usize, dtype: KvDtype) -> Score {
+/// Fails only when the model's rank group fails.
+pub fn score(
+    model: &Model,
+    tokens: Vec<u32>,
+    chunk: usize,
+    dtype: KvDtype,
+) -> Result<Score, CollectiveError> {
     let bs = crate::kv::DEFAULT_BLOCK_SIZE;
     let n = tokens.len();
     let layout = KvLayout {
@@ -50,7 +57,7 @@ pub fn score(model: &Model, tokens: Vec<u32>, chunk: usize, dtype: KvDtype) -> S
             blocks: &blocks,
             logits: Logits::All,
         };
-        model.forward(&[c], &mut cache, &mut ws);
+        model.forward(&[c], &mut cache, &mut ws)?;
         for (i, row) in ws.logits.chunks_exact(vocab).enumerate() {
             let p = start + i;
             if p + 1 >= n {
@@ -69,11 +76,11 @@ pub fn score(model: &Model, tokens: Vec<u32>, chunk: usize, dtype: KvDtype) -> S
         start = end;
     }
     let n_scored = n.saturating_sub(1);
-    Score {
+    Ok(Score {
         ppl: (nll_sum / n_scored.max(1) as f64).exp(),
         tokens,
         n_scored,
         nll_sum,
         top1_next,
-    }
+    })
 }
