@@ -128,3 +128,57 @@ fn parse_secs(s: &str) -> Result<Duration, String> {
         .map(Duration::from_secs_f64)
         .ok_or_else(|| format!("invalid number of seconds {s:?}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        config: RouterConfig,
+    }
+
+    fn parse(args: &[&str]) -> RouterConfig {
+        Cli::try_parse_from([&["router", "--model", "m.gguf"], args].concat())
+            .expect("flags parse")
+            .config
+    }
+
+    #[test]
+    fn discovery_sources_are_validated() {
+        let k = parse(&[
+            "--discovery",
+            "kubernetes",
+            "--kube-namespace",
+            "serving",
+            "--kube-selector",
+            "app.kubernetes.io/instance=svc",
+            "--kube-relist",
+            "5",
+        ]);
+        assert!(k.kubernetes());
+        assert_eq!(k.kube_namespace.as_deref(), Some("serving"));
+        assert_eq!(k.kube_relist, Duration::from_secs(5));
+        assert_eq!(k.validate(), Ok(()));
+        assert_eq!(
+            parse(&["--discovery", "kubernetes"]).kube_relist,
+            Duration::from_secs(30)
+        );
+        let no_selector = parse(&["--discovery", "kubernetes", "--kube-selector", " "]).validate();
+        assert!(no_selector.unwrap_err().contains("--kube-selector"));
+        let no_etcd = parse(&["--discovery", "etcd"]).validate();
+        assert!(no_etcd.unwrap_err().contains("--etcd"));
+        assert_eq!(
+            parse(&["--etcd", "http://127.0.0.1:2379"]).validate(),
+            Ok(())
+        );
+        assert!(parse(&[])
+            .validate()
+            .unwrap_err()
+            .contains("--discovery kubernetes"));
+        assert!(Cli::try_parse_from(["router", "--model", "m", "--discovery", "consul"]).is_err());
+    }
+}

@@ -38,7 +38,7 @@ pub const DEFAULT_GRPC_PORT: i32 = 50051;
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
     /// No client configuration (neither in-cluster nor KUBECONFIG) or the API refused.
-    #[error("kubernetes: {0}")]
+    #[error("the Kubernetes API")]
     Kube(#[from] kube::Error),
     /// An empty label selector would take every pod of the namespace for a worker.
     #[error("an empty pod label selector")]
