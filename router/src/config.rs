@@ -53,6 +53,29 @@ pub struct RouterConfig {
     /// Key prefix of worker registrations in etcd.
     #[arg(long, env = "CLEAVE_ETCD_PREFIX", default_value = "/cleave/workers/")]
     pub etcd_prefix: String,
+    /// A discovery source besides `--decode`/`--prefill`: `etcd` (implied by `--etcd`) or
+    /// `kubernetes` (ready pods found by `--kube-selector`; in-cluster config in a pod, else
+    /// KUBECONFIG).
+    #[arg(long, env = "CLEAVE_DISCOVERY", value_enum)]
+    pub discovery: Option<DiscoveryKind>,
+    /// Namespace of the worker pods (default: the client's, i.e. the router pod's own).
+    #[arg(long, env = "CLEAVE_KUBE_NAMESPACE")]
+    pub kube_namespace: Option<String>,
+    /// Label selector of the worker pods, e.g. `app.kubernetes.io/instance=NAME`.
+    #[arg(long, env = "CLEAVE_KUBE_SELECTOR")]
+    pub kube_selector: Option<String>,
+    /// How often all worker pods are listed again besides the watch (which can miss deletions).
+    #[arg(long, env = "CLEAVE_KUBE_RELIST", value_parser = parse_secs, default_value = "30")]
+    pub kube_relist: Duration,
+}
+
+/// Where workers are discovered besides the static lists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DiscoveryKind {
+    /// Worker registrations in etcd (`--etcd`).
+    Etcd,
+    /// Ready pods of the Kubernetes API (`--kube-selector`).
+    Kubernetes,
 }
 
 impl RouterConfig {
@@ -64,10 +87,34 @@ impl RouterConfig {
             .unwrap_or_default()
     }
 
-    /// Checks that some source of decode workers is configured.
+    /// Whether Kubernetes discovery is on.
+    pub fn kubernetes(&self) -> bool {
+        self.discovery == Some(DiscoveryKind::Kubernetes)
+    }
+
+    /// Checks that some source of decode workers is configured, and completely.
     pub fn validate(&self) -> Result<(), String> {
-        if self.decode.is_empty() && self.etcd_endpoints().is_empty() {
-            return Err("at least one decode worker source is required: --decode or --etcd".into());
+        if self.discovery == Some(DiscoveryKind::Etcd) && self.etcd_endpoints().is_empty() {
+            return Err("--discovery etcd needs --etcd endpoints".into());
+        }
+        if self.kubernetes()
+            && self
+                .kube_selector
+                .as_deref()
+                .unwrap_or("")
+                .trim()
+                .is_empty()
+        {
+            return Err("--discovery kubernetes needs --kube-selector (e.g. \
+                        app.kubernetes.io/instance=NAME)"
+                .into());
+        }
+        if self.decode.is_empty() && self.etcd_endpoints().is_empty() && !self.kubernetes() {
+            return Err(
+                "at least one decode worker source is required: --decode, --etcd or \
+                        --discovery kubernetes"
+                    .into(),
+            );
         }
         Ok(())
     }
@@ -80,4 +127,58 @@ fn parse_secs(s: &str) -> Result<Duration, String> {
         .filter(|v| *v > 0.0 && v.is_finite())
         .map(Duration::from_secs_f64)
         .ok_or_else(|| format!("invalid number of seconds {s:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        config: RouterConfig,
+    }
+
+    fn parse(args: &[&str]) -> RouterConfig {
+        Cli::try_parse_from([&["router", "--model", "m.gguf"], args].concat())
+            .expect("flags parse")
+            .config
+    }
+
+    #[test]
+    fn discovery_sources_are_validated() {
+        let k = parse(&[
+            "--discovery",
+            "kubernetes",
+            "--kube-namespace",
+            "serving",
+            "--kube-selector",
+            "app.kubernetes.io/instance=svc",
+            "--kube-relist",
+            "5",
+        ]);
+        assert!(k.kubernetes());
+        assert_eq!(k.kube_namespace.as_deref(), Some("serving"));
+        assert_eq!(k.kube_relist, Duration::from_secs(5));
+        assert_eq!(k.validate(), Ok(()));
+        assert_eq!(
+            parse(&["--discovery", "kubernetes"]).kube_relist,
+            Duration::from_secs(30)
+        );
+        let no_selector = parse(&["--discovery", "kubernetes", "--kube-selector", " "]).validate();
+        assert!(no_selector.unwrap_err().contains("--kube-selector"));
+        let no_etcd = parse(&["--discovery", "etcd"]).validate();
+        assert!(no_etcd.unwrap_err().contains("--etcd"));
+        assert_eq!(
+            parse(&["--etcd", "http://127.0.0.1:2379"]).validate(),
+            Ok(())
+        );
+        assert!(parse(&[])
+            .validate()
+            .unwrap_err()
+            .contains("--discovery kubernetes"));
+        assert!(Cli::try_parse_from(["router", "--model", "m", "--discovery", "consul"]).is_err());
+    }
 }

@@ -1,5 +1,6 @@
 //! How the router learns its workers: [`Static`] (a list, for `cleave up` and tests) and
-//! [`etcd::Etcd`] (workers register under a lease); Kubernetes plugs in behind the same trait.
+//! [`etcd::Etcd`] (workers register under a lease) and [`kube::Kube`] (ready pods found by
+//! label), all behind one trait.
 
 use std::sync::Arc;
 
@@ -10,6 +11,10 @@ use crate::dispatch::Cluster;
 use crate::place::Role;
 
 pub mod etcd;
+pub mod kube;
+mod members;
+
+pub use members::Record;
 
 /// Finds workers and keeps the cluster's membership current until `shutdown`.
 pub trait Discovery: Send + 'static {

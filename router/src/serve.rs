@@ -17,6 +17,7 @@ use crate::api::metrics::RouterMetrics;
 use crate::api::ApiState;
 use crate::config::RouterConfig;
 use crate::discovery::etcd::Etcd;
+use crate::discovery::kube::Kube;
 use crate::discovery::{Discovery, Static};
 use crate::dispatch::{Cluster, Dispatcher};
 use crate::place::{PlaceConfig, Role};
@@ -84,6 +85,18 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
             .start(cluster.clone(), shutdown.clone())
             .map_err(anyhow::Error::msg)?;
         tracing::info!(endpoints = %etcd.join(","), prefix = %config.etcd_prefix, "etcd discovery started");
+    }
+    if config.kubernetes() {
+        let selector = config.kube_selector.as_deref().unwrap_or_default();
+        let mut discovery = Kube::connect(config.kube_namespace.as_deref(), selector)
+            .await
+            .with_context(|| format!("kubernetes discovery of pods {selector:?}"))?;
+        discovery.relist_every = config.kube_relist;
+        let namespace = discovery.namespace().to_string();
+        Box::new(discovery)
+            .start(cluster.clone(), shutdown.clone())
+            .map_err(anyhow::Error::msg)?;
+        tracing::info!(%namespace, %selector, "kubernetes discovery started");
     }
     let place = PlaceConfig {
         disagg_min_uncached_blocks: config.disagg_min_uncached_blocks,

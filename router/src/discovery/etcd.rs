@@ -5,17 +5,16 @@
 //! and re-lists every [`Etcd::relist_every`] to reconcile what a watch may have missed across
 //! reconnects.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cleave_kv_index::WorkerId;
 use etcd_client::{Client, EventType, GetOptions, WatchOptions};
 use tokio_util::sync::CancellationToken;
 
+use super::members::Members;
+pub use super::members::Record;
 use super::Discovery;
 use crate::dispatch::Cluster;
-use crate::place::Role;
 
 /// Ids of etcd-discovered workers start here, above any static worker's.
 pub const FIRST_ID: u64 = 1 << 32;
@@ -29,15 +28,6 @@ pub enum EtcdError {
     /// No endpoints were given.
     #[error("no etcd endpoints")]
     NoEndpoints,
-}
-
-/// The value a worker stores under its key.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Record {
-    /// The worker's role.
-    pub role: Role,
-    /// Its gRPC endpoint.
-    pub endpoint: String,
 }
 
 /// Parses a key's value; `None` (logged) when it is not a worker record.
@@ -107,62 +97,6 @@ async fn list(
     Ok((listing, revision))
 }
 
-/// The workers this discovery added, by key.
-struct Members {
-    cluster: Arc<Cluster>,
-    shutdown: CancellationToken,
-    by_key: HashMap<String, (WorkerId, Record)>,
-    next_id: u64,
-}
-
-impl Members {
-    fn put(&mut self, key: &str, record: Record) {
-        if let Some((_, old)) = self.by_key.get(key) {
-            if *old == record {
-                return;
-            }
-            self.delete(key);
-        }
-        let id = WorkerId(self.next_id);
-        self.next_id += 1;
-        if let Err(e) = self.cluster.add(id, record.role, &record.endpoint) {
-            tracing::warn!(%key, endpoint = %record.endpoint, error = %e, "bad worker endpoint");
-            return;
-        }
-        tracing::info!(worker = %id, %key, endpoint = %record.endpoint, role = ?record.role, "worker discovered");
-        tokio::spawn(crate::watch::follow(
-            self.cluster.clone(),
-            id,
-            self.shutdown.clone(),
-        ));
-        self.by_key.insert(key.to_string(), (id, record));
-    }
-
-    fn delete(&mut self, key: &str) {
-        if let Some((id, record)) = self.by_key.remove(key) {
-            tracing::info!(worker = %id, %key, endpoint = %record.endpoint, "worker gone");
-            self.cluster.remove(id);
-        }
-    }
-
-    /// Makes the members exactly `listing`.
-    fn reconcile(&mut self, listing: Vec<(String, Record)>) {
-        let keep: std::collections::HashSet<&String> = listing.iter().map(|(k, _)| k).collect();
-        let gone: Vec<String> = self
-            .by_key
-            .keys()
-            .filter(|k| !keep.contains(k))
-            .cloned()
-            .collect();
-        for k in gone {
-            self.delete(&k);
-        }
-        for (k, r) in listing {
-            self.put(&k, r);
-        }
-    }
-}
-
 impl Discovery for Etcd {
     fn start(
         self: Box<Self>,
@@ -176,12 +110,7 @@ impl Discovery for Etcd {
             listing,
             revision,
         } = *self;
-        let mut members = Members {
-            cluster,
-            shutdown: shutdown.clone(),
-            by_key: HashMap::new(),
-            next_id: FIRST_ID,
-        };
+        let mut members = Members::new(cluster, shutdown, FIRST_ID);
         members.reconcile(listing);
         tokio::spawn(follow(client, prefix, relist_every, revision, members));
         Ok(())
@@ -274,6 +203,8 @@ async fn follow(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::place::Role;
+    use cleave_kv_index::WorkerId;
 
     #[test]
     fn record_format() {
@@ -297,12 +228,7 @@ mod tests {
     #[tokio::test]
     async fn reconcile_adds_replaces_and_removes() {
         let cluster = Arc::new(Cluster::default());
-        let mut m = Members {
-            cluster: cluster.clone(),
-            shutdown: CancellationToken::new(),
-            by_key: HashMap::new(),
-            next_id: FIRST_ID,
-        };
+        let mut m = Members::new(cluster.clone(), CancellationToken::new(), FIRST_ID);
         let rec = |e: &str| Record {
             role: Role::Decode,
             endpoint: e.into(),
