@@ -88,8 +88,14 @@ pub fn classify(data: &str) -> SseEvent {
         .and_then(|c| c.as_array())
         .is_some_and(|cs| {
             cs.iter().any(|c| {
-                c.get("text").is_some_and(|t| t.is_string())
-                    || c.pointer("/delta/content").is_some_and(|t| t.is_string())
+                let text = c
+                    .get("text")
+                    .or_else(|| c.pointer("/delta/content"))
+                    .and_then(|t| t.as_str());
+                // A token: new text, or an empty piece mid-stream (an incomplete character);
+                // an empty piece with a finish reason only closes the choice.
+                let finished = c.get("finish_reason").is_some_and(|f| !f.is_null());
+                text.is_some_and(|t| !t.is_empty() || !finished)
             })
         });
     if token {
