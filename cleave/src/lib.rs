@@ -74,9 +74,9 @@ pub enum BenchCommand {
     Route(bench_route::RouteArgs),
     /// End-to-end serving benchmark of any OpenAI-compatible endpoint: a Mooncake trace or
     /// synthetic load, TTFT/ITL/E2E percentiles, goodput, sweeps, JSON and PNG charts.
-    Serve(bench_serve::ServeArgs),
+    Serve(Box<bench_serve::ServeArgs>),
     /// The same workload against several local `cleave up` configurations, with ratios.
-    Compare(bench_compare::CompareArgs),
+    Compare(Box<bench_compare::CompareArgs>),
 }
 
 /// Flags of `cleave worker`.
@@ -124,8 +124,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             BenchCommand::Engine(args) => bench::bench_engine(args),
             BenchCommand::KvTransfer(args) => bench::bench_kv_transfer(args),
             BenchCommand::Route(args) => bench_route::bench_route(args),
-            BenchCommand::Serve(args) => bench_serve::bench_serve(args),
-            BenchCommand::Compare(args) => bench_compare::bench_compare(args),
+            BenchCommand::Serve(args) => bench_serve::bench_serve(*args),
+            BenchCommand::Compare(args) => bench_compare::bench_compare(*args),
         },
     }
 }

@@ -178,3 +178,44 @@ fn sse_timing_from_a_real_endpoint_and_a_tiny_run_with_json_and_charts() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--url must start with http://"));
 }
+
+#[test]
+fn urls_configs_and_quantization_names_parse_or_fail_clearly() {
+    use cleave::bench_compare::parse_config;
+    use cleave::bench_serve::{guess_quantization, split_url};
+    let (base, root) = split_url("http://h:1/v1/").unwrap();
+    assert_eq!(
+        (base.as_str(), root.as_str()),
+        ("http://h:1/v1", "http://h:1")
+    );
+    assert_eq!(split_url("http://h:1").unwrap().0, "http://h:1/v1");
+    assert!(split_url("h:1").is_err());
+    let (name, flags) = parse_config("agg=--prefill 0  --decode 2").unwrap();
+    assert_eq!(
+        (name.as_str(), flags),
+        (
+            "agg",
+            vec![
+                "--prefill".to_string(),
+                "0".into(),
+                "--decode".into(),
+                "2".into()
+            ]
+        )
+    );
+    assert!(parse_config("no equals sign")
+        .unwrap_err()
+        .to_string()
+        .contains("NAME=FLAGS"));
+    assert!(parse_config("x=--port 9")
+        .unwrap_err()
+        .to_string()
+        .contains("--port"));
+    assert_eq!(
+        guess_quantization("SmolLM2-135M-Instruct.Q4_1.gguf"),
+        "Q4_1"
+    );
+    assert_eq!(guess_quantization("llama-3-8b-instruct-q8_0"), "Q8_0");
+    assert_eq!(guess_quantization("model-F16"), "F16");
+    assert!(guess_quantization("SmolLM2-135M").contains("not stated"));
+}

@@ -173,7 +173,7 @@ impl Report {
         o.push_str(&self.header.to_text());
         let _ = writeln!(
             o,
-            "\n{:<18} {:>7} {:>19} {:>15} {:>19} {:>8} {:>6} {:>7} {:>7} {:>7}  errors",
+            "\n{:<18} {:>7} {:>23} {:>19} {:>23} {:>9} {:>6} {:>7} {:>7} {:>7}  errors",
             "load",
             "ok/n",
             "TTFT ms p50/90/99/μ",
@@ -199,7 +199,7 @@ impl Report {
             let prefix = p.cleave.prefix_hit_rate.or(s.client_cached_fraction);
             let _ = writeln!(
                 o,
-                "{:<18} {:>7} {:>19} {:>15} {:>19} {:>8.1} {:>6.2} {:>7.2} {:>7} {:>7}  {errors}",
+                "{:<18} {:>7} {:>23} {:>19} {:>23} {:>9.1} {:>6.2} {:>7.2} {:>7} {:>7}  {errors}",
                 p.load.label(),
                 format!("{}/{}", s.ok, s.requests),
                 s3(&s.ttft_ms),
