@@ -107,6 +107,17 @@ fn sse_timing_from_a_real_endpoint_and_a_tiny_run_with_json_and_charts() {
     };
     let r = rt.block_on(send(&client, &chat, &spec, t0));
     assert!(r.error.unwrap().starts_with("config"));
+    // Chat with a text prompt: the role chunk (empty content) is not a token.
+    let text = RequestSpec {
+        prompt: map.prompt(&[(2, 12)], PromptFormat::Text),
+        prompt_tokens: 12,
+        max_tokens: 4,
+        at: None,
+    };
+    let r = rt.block_on(send(&client, &chat, &text, t0));
+    assert_eq!(r.error, None, "{r:?}");
+    assert_eq!(r.output_tokens, 4, "{r:?}");
+    assert!(!r.itl_s.is_empty() && r.itl_s.len() <= 3, "{r:?}");
 
     // A tiny synthetic run: JSON on stdout, three PNGs.
     let dir = std::env::temp_dir().join(format!("cleave-bench-serve-{}", std::process::id()));

@@ -5,7 +5,7 @@
 /// What one event means to the benchmark.
 #[derive(Clone, Debug, PartialEq)]
 pub enum SseEvent {
-    /// A chunk with a generated token (text or chat delta content) for some choice.
+    /// A chunk with generated text (completions' text or chat delta content) for some choice.
     Token,
     /// A chunk with no token (a chat role chunk, or a usage-only chunk).
     Other,
@@ -92,10 +92,10 @@ pub fn classify(data: &str) -> SseEvent {
                     .get("text")
                     .or_else(|| c.pointer("/delta/content"))
                     .and_then(|t| t.as_str());
-                // A token: new text, or an empty piece mid-stream (an incomplete character);
-                // an empty piece with a finish reason only closes the choice.
-                let finished = c.get("finish_reason").is_some_and(|f| !f.is_null());
-                text.is_some_and(|t| !t.is_empty() || !finished)
+                // A token: new text. Empty pieces are role chunks (chat's first, `content: ""`)
+                // or finish chunks; servers skip empty tokens (incomplete characters) or
+                // merge them into the next chunk.
+                text.is_some_and(|t| !t.is_empty())
             })
         });
     if token {

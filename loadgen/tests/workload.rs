@@ -299,7 +299,7 @@ fn poisson_arrivals_have_the_stated_rate() {
 
 #[test]
 fn sse_events_split_across_reads() {
-    let stream = "data: {\"choices\":[{\"text\":\"Hel\",\"index\":0}]}\n\ndata: {\"choices\":[{\"text\":\"\",\"finish_reason\":\"length\"}]}\n\ndata: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\r\n\r\n: comment\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":3}}}\n\ndata: [DONE]\n\n";
+    let stream = "data: {\"choices\":[{\"text\":\"Hel\",\"index\":0}]}\n\ndata: {\"choices\":[{\"text\":\"\",\"finish_reason\":\"length\"}]}\n\ndata: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"lo\"}}]}\r\n\r\n: comment\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":3}}}\n\ndata: [DONE]\n\n";
     let mut p = SseParser::default();
     let mut events = Vec::new();
     for piece in stream.as_bytes().chunks(7) {
@@ -311,6 +311,7 @@ fn sse_events_split_across_reads() {
             SseEvent::Token,
             SseEvent::Other,
             SseEvent::Other,
+            SseEvent::Token,
             SseEvent::Usage {
                 prompt: 5,
                 completion: 2,
