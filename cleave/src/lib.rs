@@ -2,7 +2,9 @@
 //! the engine. `main.rs` only parses arguments and calls [`run`].
 
 pub mod bench;
+pub mod bench_compare;
 pub mod bench_route;
+pub mod bench_serve;
 pub mod fetch;
 pub mod generate;
 pub mod http;
@@ -70,6 +72,11 @@ pub enum BenchCommand {
     /// Routing at scale, simulated: a Mooncake-format trace through the router's prefix index and
     /// placement policies against simulated workers (hit rate, load imbalance, TTFT, decisions/s).
     Route(bench_route::RouteArgs),
+    /// End-to-end serving benchmark of any OpenAI-compatible endpoint: a Mooncake trace or
+    /// synthetic load, TTFT/ITL/E2E percentiles, goodput, sweeps, JSON and PNG charts.
+    Serve(Box<bench_serve::ServeArgs>),
+    /// The same workload against several local `cleave up` configurations, with ratios.
+    Compare(Box<bench_compare::CompareArgs>),
 }
 
 /// Flags of `cleave worker`.
@@ -117,6 +124,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             BenchCommand::Engine(args) => bench::bench_engine(args),
             BenchCommand::KvTransfer(args) => bench::bench_kv_transfer(args),
             BenchCommand::Route(args) => bench_route::bench_route(args),
+            BenchCommand::Serve(args) => bench_serve::bench_serve(*args),
+            BenchCommand::Compare(args) => bench_compare::bench_compare(*args),
         },
     }
 }

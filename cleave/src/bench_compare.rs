@@ -1,0 +1,188 @@
+//! `cleave bench compare`: the same workload and loads against several local configurations,
+//! each started with `cleave up` (a child process of this executable), then the ratios.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use cleave_loadgen::client::Target;
+use cleave_loadgen::report::Report;
+
+use crate::bench_serve::{self, guess_quantization, LoadArgs};
+
+/// Flags of `cleave bench compare`.
+#[derive(Debug, Clone, Args)]
+pub struct CompareArgs {
+    /// A configuration as NAME=FLAGS, FLAGS being `cleave up` flags, e.g.
+    /// `aggregated=--prefill 0 --decode 1`; repeat for each (the first is the baseline).
+    #[arg(long = "config", required = true)]
+    pub configs: Vec<String>,
+    /// GGUF model for every configuration (default: the cached default model).
+    #[arg(long, env = "CLEAVE_MODEL")]
+    pub model_path: Option<PathBuf>,
+    #[command(flatten)]
+    pub load: LoadArgs,
+}
+
+/// `NAME=FLAGS` → (name, flags split on whitespace).
+pub fn parse_config(s: &str) -> anyhow::Result<(String, Vec<String>)> {
+    let (name, flags) = s.split_once('=').with_context(|| {
+        format!("--config {s:?}: expected NAME=FLAGS, e.g. aggregated=--prefill 0")
+    })?;
+    anyhow::ensure!(!name.trim().is_empty(), "--config {s:?}: empty name");
+    let flags: Vec<String> = flags.split_whitespace().map(str::to_string).collect();
+    if let Some(f) = flags.iter().find(|f| *f == "--port" || *f == "--model") {
+        bail!("--config {s:?}: {f} is set by bench compare");
+    }
+    Ok((name.trim().to_string(), flags))
+}
+
+/// A running `cleave up`, stopped (SIGTERM, then SIGKILL) when dropped.
+struct Up {
+    child: Child,
+    base: String,
+    workers: Vec<String>,
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        for _ in 0..200 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `cleave up --port 0 --model MODEL FLAGS` and waits until it serves.
+fn start(model: &str, flags: &[String]) -> anyhow::Result<Up> {
+    let exe = std::env::current_exe().context("finding the cleave executable")?;
+    let mut child = Command::new(exe)
+        .args(["up", "--port", "0", "--model", model])
+        .args(flags)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting cleave up")?;
+    let (tx, rx) = mpsc::channel::<Result<String, String>>();
+    let stdout = child.stdout.take().context("cleave up stdout")?;
+    let stderr = child.stderr.take().context("cleave up stderr")?;
+    let tx2 = tx.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(Ok(line));
+        }
+    });
+    std::thread::spawn(move || {
+        // Keep draining so the fleet never blocks on a full pipe; only the start matters.
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx2.send(Err(line));
+        }
+    });
+    let mut up = Up {
+        child,
+        base: String::new(),
+        workers: Vec::new(),
+    };
+    let mut log = Vec::new();
+    loop {
+        match rx.recv_timeout(Duration::from_secs(180)) {
+            Ok(Ok(line)) => {
+                if let Some(rest) = line.strip_prefix("cleave is up: ") {
+                    up.base = rest
+                        .split_whitespace()
+                        .next()
+                        .unwrap_or_default()
+                        .to_string();
+                    return Ok(up);
+                }
+            }
+            Ok(Err(line)) => {
+                if let Some(i) = line.find("metrics http://") {
+                    up.workers
+                        .push(line[i + "metrics ".len()..].trim().to_string());
+                }
+                log.push(line);
+            }
+            Err(_) => bail!(
+                "cleave up {} did not come up:\n{}",
+                flags.join(" "),
+                log.join("\n")
+            ),
+        }
+    }
+}
+
+/// Entry point of `cleave bench compare`.
+pub fn bench_compare(args: CompareArgs) -> anyhow::Result<()> {
+    let configs: Vec<(String, Vec<String>)> = args
+        .configs
+        .iter()
+        .map(|c| parse_config(c))
+        .collect::<anyhow::Result<_>>()?;
+    let model = match &args.model_path {
+        Some(p) => p.clone(),
+        None => crate::fetch::fetch_default_model(false)?,
+    };
+    let gguf = cleave_engine::gguf::GgufFile::open(&model)
+        .with_context(|| format!("reading {}", model.display()))?;
+    let context = gguf
+        .architecture()
+        .ok()
+        .and_then(|arch| gguf.get_u32(&format!("{arch}.context_length")).ok())
+        .map(|c| format!("{c} tokens (from the GGUF)"))
+        .unwrap_or_else(|| "unknown".into());
+    drop(gguf);
+    let loads = bench_serve::loads(&args.load)?;
+    let (first, desc) = bench_serve::workload(&args.load, 0, &loads[0])?;
+    let file = model
+        .file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let rt = tokio::runtime::Runtime::new()?;
+    let mut reports: Vec<(String, Report)> = Vec::new();
+    for (name, flags) in &configs {
+        eprintln!("== {name}: cleave up {}", flags.join(" "));
+        let up = start(&model.display().to_string(), flags)?;
+        let base = up.base.trim_end_matches('/').to_string();
+        let root = base.strip_suffix("/v1").unwrap_or(&base).to_string();
+        let report = rt.block_on(async {
+            let served = bench_serve::served_model(&base).await?;
+            let mut header = bench_serve::workload_header(&args.load, &loads, &first, desc.clone());
+            header.endpoint = format!("{base} (cleave up {})", flags.join(" "));
+            header.model = served.clone();
+            header.quantization = guess_quantization(&file);
+            header.kv_dtype = "f32 (cleave's worker default)".into();
+            header.context_limit = context.clone();
+            let target = Target {
+                base: base.clone(),
+                model: served,
+                api: args.load.api,
+                ignore_eos: !args.load.no_ignore_eos,
+                timeout: Duration::from_secs_f64(args.load.timeout),
+            };
+            let cfg = bench_serve::run_config(
+                &args.load,
+                target,
+                Some(format!("{root}/metrics")),
+                up.workers.clone(),
+            );
+            bench_serve::run_all(&args.load, &cfg, header, &loads).await
+        })?;
+        drop(up);
+        reports.push((name.clone(), report));
+    }
+    bench_serve::print_report(&args.load, &reports)
+}
