@@ -1,4 +1,5 @@
-//! The model's hyper-parameters, read from GGUF metadata (`{arch}.*` keys).
+//! The model's hyper-parameters, read from GGUF metadata (`{arch}.*` keys) or from a Hugging
+//! Face `config.json` ([`super::hf`]).
 
 use crate::gguf::GgufFile;
 
@@ -25,6 +26,12 @@ pub enum Arch {
     Qwen2,
     /// Qwen3 (dense): RMSNorm on each Q and K head, no biases.
     Qwen3,
+    /// Mixtral: llama attention, sparse MoE feed-forward (HF safetensors only).
+    Mixtral,
+    /// Qwen2-MoE: qwen2 attention, MoE with a gated shared expert (HF safetensors only).
+    Qwen2Moe,
+    /// Qwen3-MoE: qwen3 attention, MoE without shared expert (HF safetensors only).
+    Qwen3Moe,
 }
 
 impl Arch {
@@ -42,8 +49,8 @@ impl Arch {
     /// The rotary pairing this architecture's GGUFs use.
     pub fn rope_style(self) -> RopeStyle {
         match self {
-            Arch::Llama | Arch::Mistral => RopeStyle::Normal,
-            Arch::Qwen2 | Arch::Qwen3 => RopeStyle::Neox,
+            Arch::Llama | Arch::Mistral | Arch::Mixtral => RopeStyle::Normal,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen2Moe | Arch::Qwen3Moe => RopeStyle::Neox,
         }
     }
 }
@@ -75,6 +82,28 @@ pub struct ModelConfig {
     pub vocab: usize,
     /// Longest context the model was trained for.
     pub context_length: usize,
+    /// Rotary pairing of the stored Q/K rows (GGUF llama files are permuted, HF files not).
+    pub rope_style: RopeStyle,
+    /// The mixture-of-experts feed-forward, for MoE models.
+    pub moe: Option<MoeConfig>,
+}
+
+/// Hyper-parameters of a sparse mixture-of-experts feed-forward.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeConfig {
+    /// Routed experts per MoE layer.
+    pub n_experts: usize,
+    /// Experts each token is sent to.
+    pub top_k: usize,
+    /// Width of one routed expert's SwiGLU.
+    pub expert_ffn: usize,
+    /// Renormalise the top-k softmax weights to sum to one (Mixtral: always; Qwen:
+    /// `norm_topk_prob`).
+    pub norm_topk: bool,
+    /// Width of the shared expert (Qwen2-MoE), with its sigmoid gate.
+    pub shared_ffn: Option<usize>,
+    /// Which layers are sparse (the others use the dense `ffn`).
+    pub sparse_layers: Vec<bool>,
 }
 
 impl ModelConfig {
@@ -108,6 +137,8 @@ impl ModelConfig {
             rms_eps: g.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
             vocab,
             context_length: u("context_length").unwrap_or(2048),
+            rope_style: arch.rope_style(),
+            moe: None,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -130,6 +161,17 @@ impl ModelConfig {
                 "rope dimension {} does not fit head dimension {}",
                 self.rope_dim, self.head_dim
             ));
+        }
+        if let Some(m) = &self.moe {
+            if m.top_k == 0 || m.top_k > m.n_experts {
+                return bad(format!(
+                    "experts per token {} must be in 1..={}",
+                    m.top_k, m.n_experts
+                ));
+            }
+            if m.sparse_layers.len() != self.n_layers {
+                return bad("sparse layer map does not cover every layer".into());
+            }
         }
         Ok(())
     }

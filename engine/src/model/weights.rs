@@ -7,6 +7,7 @@ use crate::gguf::{GgmlType, GgufFile};
 use crate::kernels::{QMatrix, WeightType};
 
 use super::config::ModelConfig;
+use super::moe::MoeLayer;
 use super::ModelError;
 
 /// Which part of the weights this process holds: rank `rank` of a group of `world`.
@@ -27,6 +28,12 @@ impl Shard {
         let per = n / self.world;
         (self.rank * per, (self.rank + 1) * per)
     }
+
+    /// The contiguous part of `n` items rank `rank` owns when `n` need not divide evenly
+    /// (experts, tokens): `rank * n / world .. (rank + 1) * n / world`.
+    pub fn uneven(n: usize, world: usize, rank: usize) -> std::ops::Range<usize> {
+        rank * n / world..(rank + 1) * n / world
+    }
 }
 
 /// One transformer block's weights.
@@ -42,9 +49,23 @@ pub struct Layer {
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
+    pub ffn: Ffn,
+}
+
+/// A SwiGLU feed-forward: `down(silu(gate x) * up x)`. In a dense layer gate/up are this rank's
+/// rows and down its columns; a routed expert is whole on the rank that owns it.
+pub struct Mlp {
     pub w_gate: QMatrix,
     pub w_up: QMatrix,
     pub w_down: QMatrix,
+}
+
+/// A block's feed-forward.
+pub enum Ffn {
+    /// Dense SwiGLU, tensor-parallel.
+    Dense(Mlp),
+    /// Sparse mixture of experts, expert-parallel.
+    Moe(MoeLayer),
 }
 
 /// All weights of the model (this rank's share).
@@ -117,6 +138,11 @@ impl Weights {
     /// Loads this rank's share of every weight.
     pub fn load(g: &GgufFile, cfg: &ModelConfig, shard: Shard) -> Result<Self, ModelError> {
         let w = shard.world;
+        if cfg.moe.is_some() {
+            return Err(ModelError::BadConfig(
+                "GGUF mixture-of-experts models are not supported; load the HF safetensors checkpoint".into(),
+            ));
+        }
         if cfg.n_kv_heads % w != 0 || cfg.ffn % w != 0 || cfg.vocab % w != 0 {
             return Err(ModelError::BadConfig(format!(
                 "tensor-parallel size {w} must divide kv heads ({}), ffn ({}) and vocab ({})",
@@ -172,9 +198,11 @@ impl Weights {
                 q_norm: head_norm("attn_q_norm.weight")?,
                 k_norm: head_norm("attn_k_norm.weight")?,
                 ffn_norm: vector(g, &n("ffn_norm.weight"), cfg.hidden)?,
-                w_gate: rows(load("ffn_gate.weight", cfg.ffn, cfg.hidden)?, f0, f1),
-                w_up: rows(load("ffn_up.weight", cfg.ffn, cfg.hidden)?, f0, f1),
-                w_down: cols(load("ffn_down.weight", cfg.hidden, cfg.ffn)?, f0, f1)?,
+                ffn: Ffn::Dense(Mlp {
+                    w_gate: rows(load("ffn_gate.weight", cfg.ffn, cfg.hidden)?, f0, f1),
+                    w_up: rows(load("ffn_up.weight", cfg.ffn, cfg.hidden)?, f0, f1),
+                    w_down: cols(load("ffn_down.weight", cfg.hidden, cfg.ffn)?, f0, f1)?,
+                }),
             });
         }
         Ok(Weights {
