@@ -47,11 +47,13 @@ fn parse_config(v: &Value) -> Result<ModelConfig, String> {
         "MixtralForCausalLM" => Arch::Mixtral,
         "Qwen2MoeForCausalLM" => Arch::Qwen2Moe,
         "Qwen3MoeForCausalLM" => Arch::Qwen3Moe,
-        other => return Err(format!(
+        other => {
+            return Err(format!(
             "unsupported architecture {other:?} (supported: LlamaForCausalLM, MistralForCausalLM, \
                  Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM, \
                  Qwen3MoeForCausalLM)"
-        )),
+        ))
+        }
     };
     if !v.get("rope_scaling").is_none_or(Value::is_null) {
         return Err("rope_scaling is not supported".into());
