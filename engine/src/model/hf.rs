@@ -179,10 +179,10 @@ pub fn load_weights(
         .moe
         .as_ref()
         .is_none_or(|m| m.sparse_layers.iter().any(|s| !s));
-    if cfg.n_kv_heads % w != 0
-        || cfg.vocab % w != 0
-        || (any_dense && cfg.ffn % w != 0)
-        || shared % w != 0
+    if !cfg.n_kv_heads.is_multiple_of(w)
+        || !cfg.vocab.is_multiple_of(w)
+        || (any_dense && !cfg.ffn.is_multiple_of(w))
+        || !shared.is_multiple_of(w)
     {
         return Err(ModelError::BadConfig(format!(
             "group size {w} must divide kv heads ({}), vocab ({}), dense ffn ({}) and shared \
