@@ -7,6 +7,7 @@
 pub mod attention;
 pub mod config;
 pub mod forward;
+mod gguf_moe;
 pub mod hf;
 pub mod moe;
 pub mod ops;
@@ -35,7 +36,7 @@ pub enum ModelError {
     #[error(transparent)]
     Kernel(#[from] KernelError),
     /// `general.architecture` names a model family this engine does not implement.
-    #[error("unsupported architecture {0:?} (supported: llama, mistral, qwen2, qwen3)")]
+    #[error("unsupported architecture {0:?} (supported: llama, mistral, qwen2, qwen3, qwen2moe, qwen3moe)")]
     UnsupportedArch(String),
     /// A weight is stored in a format the kernels cannot use.
     #[error("tensor {name} has unsupported type {ty} (supported: f32, f16, q4_0, q4_1, q8_0)")]

@@ -42,6 +42,8 @@ impl Arch {
             "mistral" => Ok(Arch::Mistral),
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
+            "qwen2moe" => Ok(Arch::Qwen2Moe),
+            "qwen3moe" => Ok(Arch::Qwen3Moe),
             other => Err(ModelError::UnsupportedArch(other.to_string())),
         }
     }
@@ -110,9 +112,11 @@ impl ModelConfig {
     /// Reads the configuration from a GGUF file's metadata.
     pub fn from_gguf(g: &GgufFile) -> Result<Self, ModelError> {
         let arch_name = g.architecture()?.to_string();
-        let arch = Arch::parse(&arch_name)?;
+        let mut arch = Arch::parse(&arch_name)?;
         let key = |k: &str| format!("{arch_name}.{k}");
         let u = |k: &str| -> Result<usize, ModelError> { Ok(g.get_u32(&key(k))? as usize) };
+        let ffn =
+            u("feed_forward_length").or_else(|e| u("expert_feed_forward_length").map_err(|_| e))?;
         let n_heads = u("attention.head_count")?;
         let hidden = u("embedding_length")?;
         let n_kv_heads = u("attention.head_count_kv").unwrap_or(n_heads);
@@ -124,13 +128,13 @@ impl ModelConfig {
             Ok(v) => v as usize,
             Err(_) => g.get_str_array("tokenizer.ggml.tokens")?.len(),
         };
-        let cfg = ModelConfig {
+        let mut cfg = ModelConfig {
             arch,
             n_layers: u("block_count")?,
             n_heads,
             n_kv_heads,
             hidden,
-            ffn: u("feed_forward_length")?,
+            ffn,
             head_dim,
             rope_theta: g.get_f32(&key("rope.freq_base")).unwrap_or(10_000.0),
             rope_dim: u("rope.dimension_count").unwrap_or(head_dim),
@@ -140,6 +144,29 @@ impl ModelConfig {
             rope_style: arch.rope_style(),
             moe: None,
         };
+        // llama.cpp's MoE layout: `expert_count` > 0, stacked `ffn_*_exps` tensors.
+        let n_experts = u("expert_count").unwrap_or(0);
+        if n_experts > 0 {
+            if arch == Arch::Llama {
+                arch = Arch::Mixtral;
+            }
+            let norm_default = arch != Arch::Qwen2Moe;
+            let sparse_layers = (0..cfg.n_layers)
+                .map(|i| g.tensor(&format!("blk.{i}.ffn_gate_inp.weight")).is_ok())
+                .collect();
+            let shared = u("expert_shared_feed_forward_length").ok();
+            cfg.moe = Some(MoeConfig {
+                n_experts,
+                top_k: u("expert_used_count")?,
+                expert_ffn: u("expert_feed_forward_length").unwrap_or(cfg.ffn),
+                norm_topk: g
+                    .get_bool(&key("expert_weights_norm"))
+                    .unwrap_or(norm_default),
+                shared_ffn: shared.filter(|&s| s > 0 && arch == Arch::Qwen2Moe),
+                sparse_layers,
+            });
+            cfg.arch = arch;
+        }
         cfg.validate()?;
         Ok(cfg)
     }

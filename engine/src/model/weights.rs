@@ -80,7 +80,7 @@ pub struct Weights {
 }
 
 /// Reads a 2-D weight `[rows x cols]` (cols = GGUF dims[0]) in its own format.
-fn matrix(g: &GgufFile, name: &str) -> Result<QMatrix, ModelError> {
+pub(super) fn matrix(g: &GgufFile, name: &str) -> Result<QMatrix, ModelError> {
     let info = g.tensor(name)?;
     if info.dims.len() != 2 {
         return Err(ModelError::BadTensor {
@@ -106,7 +106,7 @@ fn matrix(g: &GgufFile, name: &str) -> Result<QMatrix, ModelError> {
     Ok(QMatrix::from_raw(ty, rows, cols, g.tensor_data(name)?)?)
 }
 
-fn vector(g: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+pub(super) fn vector(g: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
     let v = g.tensor_f32(name)?;
     if v.len() != len {
         return Err(ModelError::BadTensor {
@@ -124,7 +124,12 @@ fn optional_vector(g: &GgufFile, name: &str, len: usize) -> Result<Option<Vec<f3
     vector(g, name, len).map(Some)
 }
 
-fn expect_shape(m: &QMatrix, name: &str, rows: usize, cols: usize) -> Result<(), ModelError> {
+pub(super) fn expect_shape(
+    m: &QMatrix,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<(), ModelError> {
     if m.rows() != rows || m.cols() != cols {
         return Err(ModelError::BadTensor {
             name: name.into(),
@@ -138,12 +143,9 @@ impl Weights {
     /// Loads this rank's share of every weight.
     pub fn load(g: &GgufFile, cfg: &ModelConfig, shard: Shard) -> Result<Self, ModelError> {
         let w = shard.world;
-        if cfg.moe.is_some() {
-            return Err(ModelError::BadConfig(
-                "GGUF mixture-of-experts models are not supported; load the HF safetensors checkpoint".into(),
-            ));
-        }
-        if cfg.n_kv_heads % w != 0 || cfg.ffn % w != 0 || cfg.vocab % w != 0 {
+        let sparse = |i: usize| cfg.moe.as_ref().is_some_and(|m| m.sparse_layers[i]);
+        let any_dense = (0..cfg.n_layers).any(|i| !sparse(i));
+        if cfg.n_kv_heads % w != 0 || (any_dense && cfg.ffn % w != 0) || cfg.vocab % w != 0 {
             return Err(ModelError::BadConfig(format!(
                 "tensor-parallel size {w} must divide kv heads ({}), ffn ({}) and vocab ({})",
                 cfg.n_kv_heads, cfg.ffn, cfg.vocab
@@ -198,11 +200,15 @@ impl Weights {
                 q_norm: head_norm("attn_q_norm.weight")?,
                 k_norm: head_norm("attn_k_norm.weight")?,
                 ffn_norm: vector(g, &n("ffn_norm.weight"), cfg.hidden)?,
-                ffn: Ffn::Dense(Mlp {
-                    w_gate: rows(load("ffn_gate.weight", cfg.ffn, cfg.hidden)?, f0, f1),
-                    w_up: rows(load("ffn_up.weight", cfg.ffn, cfg.hidden)?, f0, f1),
-                    w_down: cols(load("ffn_down.weight", cfg.hidden, cfg.ffn)?, f0, f1)?,
-                }),
+                ffn: if sparse(i) {
+                    Ffn::Moe(super::gguf_moe::layer(g, cfg, i, shard)?)
+                } else {
+                    Ffn::Dense(Mlp {
+                        w_gate: rows(load("ffn_gate.weight", cfg.ffn, cfg.hidden)?, f0, f1),
+                        w_up: rows(load("ffn_up.weight", cfg.ffn, cfg.hidden)?, f0, f1),
+                        w_down: cols(load("ffn_down.weight", cfg.hidden, cfg.ffn)?, f0, f1)?,
+                    })
+                },
             });
         }
         Ok(Weights {
