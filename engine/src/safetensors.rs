@@ -210,7 +210,10 @@ impl SafeTensors {
                 return Err(bad(format!("{name}: data {offs:?} outside the file")));
             }
             if let Ok(d) = dtype {
-                let want = shape.iter().product::<usize>() * d.size();
+                let want = shape
+                    .iter()
+                    .try_fold(d.size(), |a, &n| a.checked_mul(n))
+                    .ok_or_else(|| bad(format!("{name}: shape {shape:?} is too large")))?;
                 if range.len() != want {
                     return Err(bad(format!(
                         "{name}: {} data bytes for shape {shape:?} of {dtype_s}",
@@ -313,4 +316,44 @@ pub fn write_file(
     out.extend(h);
     out.extend(data);
     std::fs::write(path, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_bad_files() {
+        let dir = std::env::temp_dir().join(format!("cleave-st-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let vals = vec![1.0, -2.5, 3.25, 0.5, 7.0, -1.0];
+        let t = |d: Dtype| (format!("w.{}", d.name()), d, vec![2, 3], vals.clone());
+        write_file(
+            &dir.join("model.safetensors"),
+            &[t(Dtype::F32), t(Dtype::F16), t(Dtype::BF16)],
+        )
+        .unwrap();
+        let st = SafeTensors::open_dir(&dir).unwrap();
+        for d in ["F32", "F16", "BF16"] {
+            let name = format!("w.{d}");
+            assert_eq!(st.read_f32(&name, &[2, 3], 0..2, 0..3).unwrap(), vals);
+            assert_eq!(
+                st.read_f32(&name, &[2, 3], 1..2, 1..3).unwrap(),
+                vec![7.0, -1.0]
+            );
+        }
+        let e = st.read_f32("w.F32", &[3, 2], 0..3, 0..2).unwrap_err();
+        assert!(e.to_string().contains("expected shape [3, 2]"), "{e}");
+        assert!(matches!(
+            st.read_f32("nope", &[1], 0..1, 0..1),
+            Err(SafetensorsError::Missing(_))
+        ));
+        // Truncated and garbage files are errors, not panics.
+        let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+        for cut in [0, 4, 8, 20, bytes.len() - 1] {
+            std::fs::write(dir.join("model.safetensors"), &bytes[..cut]).unwrap();
+            assert!(SafeTensors::open_dir(&dir).is_err(), "cut at {cut}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
