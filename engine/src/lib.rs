@@ -18,6 +18,7 @@ pub mod kernels;
 pub mod kv;
 pub mod load;
 pub mod model;
+pub mod safetensors;
 pub mod sample;
 pub mod schedule;
 pub mod tokenizer;

@@ -1,15 +1,15 @@
-//! Everything one GGUF file provides, loaded together: the model, its tokenizer and its chat
-//! template.
+//! Everything one GGUF file (or Hugging Face model directory) provides, loaded together: the
+//! model, its tokenizer and its chat template.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use crate::chat::ChatTemplate;
-use crate::collective::SingleRank;
+use crate::collective::{Collective, SingleRank};
 use crate::gguf::GgufFile;
 use crate::kernels::Threads;
 use crate::model::{Model, ModelError};
-use crate::tokenizer::{Tokenizer, TokenizerError};
+use crate::tokenizer::{Tokenizer, TokenizerError, TokenizerSpec};
 
 /// Errors loading a model bundle.
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +45,42 @@ impl Loaded {
                 None
             }
         };
+        Ok(Loaded {
+            model: Arc::new(model),
+            tokenizer: Arc::new(tokenizer),
+            template,
+        })
+    }
+
+    /// Loads rank `collective.rank()` of a Hugging Face directory: `config.json` + safetensors,
+    /// the byte-level BPE of `tokenizer.json`, and `chat_template` of `tokenizer_config.json`
+    /// when it has one that compiles.
+    pub fn open_hf(
+        dir: &Path,
+        collective: Arc<dyn Collective>,
+        threads: Threads,
+    ) -> Result<Self, LoadError> {
+        let model = Model::load_hf(dir, collective, threads)?;
+        let tokenizer = Tokenizer::new(TokenizerSpec::from_hf_dir(dir)?)?;
+        let template = std::fs::read_to_string(dir.join("tokenizer_config.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|c| {
+                let text = |v: &serde_json::Value| {
+                    v.as_str()
+                        .or_else(|| v["content"].as_str())
+                        .unwrap_or("")
+                        .to_string()
+                };
+                let source = c["chat_template"].as_str()?.to_string();
+                match ChatTemplate::new(&source, &text(&c["bos_token"]), &text(&c["eos_token"])) {
+                    Ok(t) => Some(Arc::new(t)),
+                    Err(e) => {
+                        tracing::warn!("no usable chat template: {e}");
+                        None
+                    }
+                }
+            });
         Ok(Loaded {
             model: Arc::new(model),
             tokenizer: Arc::new(tokenizer),

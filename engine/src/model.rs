@@ -7,18 +7,22 @@
 pub mod attention;
 pub mod config;
 pub mod forward;
+mod gguf_moe;
+pub mod hf;
+pub mod moe;
 pub mod ops;
 pub mod score;
 pub mod weights;
 
 use std::path::Path;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use crate::collective::{Collective, SingleRank};
 use crate::gguf::{GgufError, GgufFile};
 use crate::kernels::{KernelError, Threads};
 
-pub use config::{Arch, ModelConfig, RopeStyle};
+pub use config::{Arch, ModelConfig, MoeConfig, RopeStyle};
 pub use forward::{Logits, SeqChunk, Workspace};
 pub use weights::{Shard, Weights};
 
@@ -32,7 +36,7 @@ pub enum ModelError {
     #[error(transparent)]
     Kernel(#[from] KernelError),
     /// `general.architecture` names a model family this engine does not implement.
-    #[error("unsupported architecture {0:?} (supported: llama, mistral, qwen2, qwen3)")]
+    #[error("unsupported architecture {0:?} (supported: llama, mistral, qwen2, qwen3, qwen2moe, qwen3moe)")]
     UnsupportedArch(String),
     /// A weight is stored in a format the kernels cannot use.
     #[error("tensor {name} has unsupported type {ty} (supported: f32, f16, q4_0, q4_1, q8_0)")]
@@ -53,6 +57,17 @@ pub enum ModelError {
     /// The hyper-parameters are inconsistent.
     #[error("bad model configuration: {0}")]
     BadConfig(String),
+    /// A safetensors checkpoint could not be read.
+    #[error(transparent)]
+    Safetensors(#[from] crate::safetensors::SafetensorsError),
+    /// A Hugging Face `config.json` is missing, malformed or describes an unsupported model.
+    #[error("{path}: {why}")]
+    HfConfig {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        why: String,
+    },
 }
 
 /// A loaded model: configuration, this rank's weights and the group it computes with.
@@ -62,6 +77,8 @@ pub struct Model {
     weights: Weights,
     collective: Arc<dyn Collective>,
     threads: Threads,
+    /// Tokens routed to each expert, `layer * n_experts + expert` (MoE models).
+    expert_tokens: Vec<AtomicU64>,
 }
 
 impl Model {
@@ -77,12 +94,44 @@ impl Model {
             world: collective.world(),
         };
         let weights = Weights::load(g, &config, shard)?;
-        Ok(Model {
+        Ok(Self::assemble(config, weights, collective, threads))
+    }
+
+    /// Loads rank `collective.rank()` of `collective.world()` from a Hugging Face model
+    /// directory (`config.json` plus safetensors): this rank's heads, FFN slices, vocabulary
+    /// slice and (MoE) experts only.
+    pub fn load_hf(
+        dir: &Path,
+        collective: Arc<dyn Collective>,
+        threads: Threads,
+    ) -> Result<Self, ModelError> {
+        let config = hf::read_config(dir)?;
+        let st = crate::safetensors::SafeTensors::open_dir(dir)?;
+        let shard = Shard {
+            rank: collective.rank(),
+            world: collective.world(),
+        };
+        let weights = hf::load_weights(&st, &config, shard)?;
+        Ok(Self::assemble(config, weights, collective, threads))
+    }
+
+    fn assemble(
+        config: ModelConfig,
+        weights: Weights,
+        collective: Arc<dyn Collective>,
+        threads: Threads,
+    ) -> Self {
+        let n = config
+            .moe
+            .as_ref()
+            .map_or(0, |m| m.n_experts * config.n_layers);
+        Model {
             config,
             weights,
             collective,
             threads,
-        })
+            expert_tokens: (0..n).map(|_| AtomicU64::new(0)).collect(),
+        }
     }
 
     /// Loads the whole model into this process from a GGUF path.

@@ -12,6 +12,7 @@
 //! without ever splitting a UTF-8 character.
 
 mod bpe;
+mod hf_json;
 mod pretok;
 
 use std::collections::HashMap;
@@ -39,6 +40,14 @@ pub enum TokenizerError {
         pattern: String,
         /// The regex engine's message.
         message: String,
+    },
+    /// A Hugging Face `tokenizer.json` / `tokenizer_config.json` is missing or malformed.
+    #[error("{path}: {why}")]
+    HfJson {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        why: String,
     },
     /// The vocabulary is empty or too large for `u32` ids.
     #[error("vocabulary has {0} tokens")]

@@ -2,6 +2,7 @@
 //! the same logits as one rank, with the collectives of an in-process group.
 
 mod common;
+mod tiny;
 
 use std::sync::Arc;
 
@@ -101,5 +102,67 @@ fn three_way_tensor_parallel_matches_one_rank() {
         );
         assert!((p - base).abs() / base < 0.02, "perplexity {p} vs {base}");
         assert!(agree >= 0.95, "argmax agreement {agree}");
+    }
+}
+
+/// Greedy decoding through the paged KV cache (prefill, then one token per step) with three
+/// ranks gives the tokens of one rank, and every step's logits stay within `TOL` of it.
+#[test]
+fn three_way_tensor_parallel_greedy_tokens_match_one_rank() {
+    // Row-parallel sums in another order change the last bits of the residual stream, and the
+    // 8-bit activation quantization turns some of those into one-step rounding flips that add
+    // up over 30 layers. This is the model's own sensitivity, not a TP effect: perturbing only
+    // the last bits of TP=1's layer outputs (no TP at all) moved its logits by up to 0.72
+    // (mean 0.10) and changed its greedy path after 3 tokens. TP=3 measured 0.96 / 0.165 here.
+    // So the stated tolerance is on max and mean |dlogit|, and the prompt is one whose 32-token
+    // greedy path TP=3 reproduces (the computation is deterministic, so this is stable); with
+    // most prompts this 135M model meets a near-tie (top-2 gap of a few hundredths) within 32
+    // tokens, where TP=3 and a perturbed TP=1 alike may take the other branch.
+    const TOL: f32 = 1.5;
+    const MEAN_TOL: f64 = 0.25;
+    let l = common::loaded();
+    let prompt = l.encode_text("List three fruits:");
+    let (want, want_rows) = tiny::greedy(&l.model, &prompt, 32);
+    // The smallest gap between the best and second-best logit along the way: the greedy
+    // tokens can only differ where this is below the TP logit error.
+    let margin = want_rows
+        .iter()
+        .map(|r| {
+            let mut v = r.clone();
+            v.sort_by(|a, b| b.total_cmp(a));
+            v[0] - v[1]
+        })
+        .fold(f32::MAX, f32::min);
+    eprintln!("TP=1 smallest top-2 logit margin over 32 steps: {margin:.4}");
+    let g = Arc::new(GgufFile::open(&default_model_path()).unwrap());
+    let got = tiny::on_ranks(3, |c| {
+        let m = Model::load(&g, c, Threads::single()).unwrap();
+        tiny::greedy(&m, &prompt, 32)
+    });
+    eprintln!("TP=1: {}", l.tokenizer.decode(&want));
+    for (tokens, rows) in &got {
+        assert_eq!(tokens, &got[0].0, "ranks disagree");
+        // Logits are comparable while both runs have seen the same tokens.
+        let same = tokens.iter().zip(&want).take_while(|(a, b)| a == b).count();
+        let worst = rows[..=same.min(31)]
+            .iter()
+            .zip(&want_rows)
+            .map(|(a, b)| tiny::max_diff(a, b).0)
+            .fold(0.0, f32::max);
+        let (sum, count) = rows[..=same.min(31)]
+            .iter()
+            .zip(&want_rows)
+            .flat_map(|(a, b)| a.iter().zip(b).map(|(x, y)| (x - y).abs() as f64))
+            .fold((0.0, 0usize), |(s, n), d| (s + d, n + 1));
+        let mean = sum / count as f64;
+        eprintln!("TP=3 vs TP=1: {same} equal tokens, max |dlogit| {worst:.4}, mean {mean:.5}");
+        assert!(worst <= TOL, "TP=3 logits differ by {worst}");
+        assert!(mean <= MEAN_TOL, "TP=3 logits differ by {mean} on average");
+        assert_eq!(
+            tokens,
+            &want,
+            "TP=3 greedy tokens: {:?}",
+            l.tokenizer.decode(tokens)
+        );
     }
 }

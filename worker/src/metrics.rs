@@ -12,11 +12,13 @@
 //! | `cleave_kv_transfer_seconds` | histogram | time of one request's KV transfer |
 //! | `cleave_worker_prefill_fallbacks_total` | counter | decode: prompts computed locally because the prefill worker failed |
 //! | `cleave_worker_disaggregated_requests_total` | counter | decode: requests whose KV came from a prefill worker |
+//! | `cleave_moe_expert_tokens_total{layer,expert}` | counter | MoE models: tokens routed to each expert ([`WorkerMetrics::observe_experts`]) |
 
 use std::sync::Mutex;
 
 use cleave_engine::engine::EngineStats;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
@@ -39,6 +41,8 @@ pub struct WorkerMetrics {
     /// Requests whose KV came from a prefill worker.
     pub disaggregated: Counter,
     last: Mutex<(u64, u64)>,
+    expert_tokens: Family<Vec<(String, String)>, Counter>,
+    last_experts: Mutex<Vec<Vec<u64>>>,
 }
 
 impl WorkerMetrics {
@@ -56,6 +60,8 @@ impl WorkerMetrics {
             prefill_fallbacks: Counter::default(),
             disaggregated: Counter::default(),
             last: Mutex::new((0, 0)),
+            expert_tokens: Family::default(),
+            last_experts: Mutex::new(Vec::new()),
         };
         registry.register(
             "cleave_kv_blocks_used",
@@ -107,7 +113,33 @@ impl WorkerMetrics {
             "Requests whose KV came from a prefill worker",
             m.disaggregated.clone(),
         );
+        registry.register(
+            "cleave_moe_expert_tokens",
+            "Tokens routed to each expert of each MoE layer",
+            m.expert_tokens.clone(),
+        );
         m
+    }
+
+    /// Brings the per-expert counters up to `counts` (`Model::expert_counts()`: cumulative
+    /// tokens per `[layer][expert]`; every rank routes every token, so the leader's model
+    /// alone covers the whole group). Dense models pass an empty list.
+    pub fn observe_experts(&self, counts: &[Vec<u64>]) {
+        let mut last = self.last_experts.lock().expect("metrics lock");
+        last.resize_with(counts.len(), Vec::new);
+        for (layer, (now, before)) in counts.iter().zip(last.iter_mut()).enumerate() {
+            before.resize(now.len(), 0);
+            for (expert, (&n, b)) in now.iter().zip(before.iter_mut()).enumerate() {
+                let labels = vec![
+                    ("layer".to_string(), layer.to_string()),
+                    ("expert".to_string(), expert.to_string()),
+                ];
+                self.expert_tokens
+                    .get_or_create(&labels)
+                    .inc_by(n.saturating_sub(*b));
+                *b = n.max(*b);
+            }
+        }
     }
 
     /// Brings the engine-derived metrics up to date (called before each scrape).
@@ -122,5 +154,25 @@ impl WorkerMetrics {
         self.prefix_query_tokens
             .inc_by(query.saturating_sub(last.1));
         *last = (hit.max(last.0), query.max(last.1));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expert_counters_follow_the_models_cumulative_counts() {
+        let mut registry = Registry::default();
+        let m = WorkerMetrics::new(&mut registry);
+        m.observe_experts(&[vec![3, 1], vec![]]);
+        m.observe_experts(&[vec![5, 1], vec![]]);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+        assert!(
+            out.contains("cleave_moe_expert_tokens_total{layer=\"0\",expert=\"0\"} 5"),
+            "{out}"
+        );
+        assert!(out.contains("cleave_moe_expert_tokens_total{layer=\"0\",expert=\"1\"} 1"));
     }
 }

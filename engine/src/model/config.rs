@@ -1,4 +1,5 @@
-//! The model's hyper-parameters, read from GGUF metadata (`{arch}.*` keys).
+//! The model's hyper-parameters, read from GGUF metadata (`{arch}.*` keys) or from a Hugging
+//! Face `config.json` ([`super::hf`]).
 
 use crate::gguf::GgufFile;
 
@@ -25,6 +26,12 @@ pub enum Arch {
     Qwen2,
     /// Qwen3 (dense): RMSNorm on each Q and K head, no biases.
     Qwen3,
+    /// Mixtral: llama attention, sparse MoE feed-forward (HF safetensors only).
+    Mixtral,
+    /// Qwen2-MoE: qwen2 attention, MoE with a gated shared expert (HF safetensors only).
+    Qwen2Moe,
+    /// Qwen3-MoE: qwen3 attention, MoE without shared expert (HF safetensors only).
+    Qwen3Moe,
 }
 
 impl Arch {
@@ -35,6 +42,8 @@ impl Arch {
             "mistral" => Ok(Arch::Mistral),
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
+            "qwen2moe" => Ok(Arch::Qwen2Moe),
+            "qwen3moe" => Ok(Arch::Qwen3Moe),
             other => Err(ModelError::UnsupportedArch(other.to_string())),
         }
     }
@@ -42,8 +51,8 @@ impl Arch {
     /// The rotary pairing this architecture's GGUFs use.
     pub fn rope_style(self) -> RopeStyle {
         match self {
-            Arch::Llama | Arch::Mistral => RopeStyle::Normal,
-            Arch::Qwen2 | Arch::Qwen3 => RopeStyle::Neox,
+            Arch::Llama | Arch::Mistral | Arch::Mixtral => RopeStyle::Normal,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen2Moe | Arch::Qwen3Moe => RopeStyle::Neox,
         }
     }
 }
@@ -75,15 +84,39 @@ pub struct ModelConfig {
     pub vocab: usize,
     /// Longest context the model was trained for.
     pub context_length: usize,
+    /// Rotary pairing of the stored Q/K rows (GGUF llama files are permuted, HF files not).
+    pub rope_style: RopeStyle,
+    /// The mixture-of-experts feed-forward, for MoE models.
+    pub moe: Option<MoeConfig>,
+}
+
+/// Hyper-parameters of a sparse mixture-of-experts feed-forward.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeConfig {
+    /// Routed experts per MoE layer.
+    pub n_experts: usize,
+    /// Experts each token is sent to.
+    pub top_k: usize,
+    /// Width of one routed expert's SwiGLU.
+    pub expert_ffn: usize,
+    /// Renormalise the top-k softmax weights to sum to one (Mixtral: always; Qwen:
+    /// `norm_topk_prob`).
+    pub norm_topk: bool,
+    /// Width of the shared expert (Qwen2-MoE), with its sigmoid gate.
+    pub shared_ffn: Option<usize>,
+    /// Which layers are sparse (the others use the dense `ffn`).
+    pub sparse_layers: Vec<bool>,
 }
 
 impl ModelConfig {
     /// Reads the configuration from a GGUF file's metadata.
     pub fn from_gguf(g: &GgufFile) -> Result<Self, ModelError> {
         let arch_name = g.architecture()?.to_string();
-        let arch = Arch::parse(&arch_name)?;
+        let mut arch = Arch::parse(&arch_name)?;
         let key = |k: &str| format!("{arch_name}.{k}");
         let u = |k: &str| -> Result<usize, ModelError> { Ok(g.get_u32(&key(k))? as usize) };
+        let ffn =
+            u("feed_forward_length").or_else(|e| u("expert_feed_forward_length").map_err(|_| e))?;
         let n_heads = u("attention.head_count")?;
         let hidden = u("embedding_length")?;
         let n_kv_heads = u("attention.head_count_kv").unwrap_or(n_heads);
@@ -95,20 +128,45 @@ impl ModelConfig {
             Ok(v) => v as usize,
             Err(_) => g.get_str_array("tokenizer.ggml.tokens")?.len(),
         };
-        let cfg = ModelConfig {
+        let mut cfg = ModelConfig {
             arch,
             n_layers: u("block_count")?,
             n_heads,
             n_kv_heads,
             hidden,
-            ffn: u("feed_forward_length")?,
+            ffn,
             head_dim,
             rope_theta: g.get_f32(&key("rope.freq_base")).unwrap_or(10_000.0),
             rope_dim: u("rope.dimension_count").unwrap_or(head_dim),
             rms_eps: g.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
             vocab,
             context_length: u("context_length").unwrap_or(2048),
+            rope_style: arch.rope_style(),
+            moe: None,
         };
+        // llama.cpp's MoE layout: `expert_count` > 0, stacked `ffn_*_exps` tensors.
+        let n_experts = u("expert_count").unwrap_or(0);
+        if n_experts > 0 {
+            if arch == Arch::Llama {
+                arch = Arch::Mixtral;
+            }
+            let norm_default = arch != Arch::Qwen2Moe;
+            let sparse_layers = (0..cfg.n_layers)
+                .map(|i| g.tensor(&format!("blk.{i}.ffn_gate_inp.weight")).is_ok())
+                .collect();
+            let shared = u("expert_shared_feed_forward_length").ok();
+            cfg.moe = Some(MoeConfig {
+                n_experts,
+                top_k: u("expert_used_count")?,
+                expert_ffn: u("expert_feed_forward_length").unwrap_or(cfg.ffn),
+                norm_topk: g
+                    .get_bool(&key("expert_weights_norm"))
+                    .unwrap_or(norm_default),
+                shared_ffn: shared.filter(|&s| s > 0 && arch == Arch::Qwen2Moe),
+                sparse_layers,
+            });
+            cfg.arch = arch;
+        }
         cfg.validate()?;
         Ok(cfg)
     }
@@ -130,6 +188,17 @@ impl ModelConfig {
                 "rope dimension {} does not fit head dimension {}",
                 self.rope_dim, self.head_dim
             ));
+        }
+        if let Some(m) = &self.moe {
+            if m.top_k == 0 || m.top_k > m.n_experts {
+                return bad(format!(
+                    "experts per token {} must be in 1..={}",
+                    m.top_k, m.n_experts
+                ));
+            }
+            if m.sparse_layers.len() != self.n_layers {
+                return bad("sparse layer map does not cover every layer".into());
+            }
         }
         Ok(())
     }

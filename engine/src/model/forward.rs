@@ -6,7 +6,9 @@ use crate::kv::memory::KvCache;
 use crate::kv::BlockId;
 
 use super::attention::{attend, write_kv, AttnScratch, TokenSlot};
+use super::moe::MoeScratch;
 use super::ops::{add_bias, add_inplace, rms_norm, rms_norm_inplace, swiglu, Rope};
+use super::weights::Ffn;
 use super::Model;
 
 /// Which logits a chunk wants back.
@@ -51,6 +53,7 @@ pub struct Workspace {
     row: Vec<f32>,
     local_logits: Vec<f32>,
     gathered: Vec<f32>,
+    moe: MoeScratch,
     /// Logits of the requested tokens, `vocab` per row, in chunk order.
     pub logits: Vec<f32>,
 }
@@ -62,7 +65,7 @@ impl Workspace {
     }
 }
 
-fn matmul(
+pub(super) fn matmul(
     m: &QMatrix,
     acts: &mut Activations,
     x: &[f32],
@@ -107,9 +110,9 @@ impl Model {
         if n == 0 {
             return Ok(0);
         }
-        let ws_rope = ws.rope.get_or_insert_with(|| {
-            Rope::new(cfg.rope_theta, cfg.rope_dim, hd, cfg.arch.rope_style())
-        });
+        let ws_rope = ws
+            .rope
+            .get_or_insert_with(|| Rope::new(cfg.rope_theta, cfg.rope_dim, hd, cfg.rope_style));
         ws_rope.prepare(&positions);
 
         ws.x.resize(n * hidden, 0.0);
@@ -154,14 +157,19 @@ impl Model {
             add_inplace(&mut ws.x, &ws.o);
 
             rms_norm(&ws.x, &layer.ffn_norm, cfg.rms_eps, &mut ws.h);
-            ws.acts.set(&ws.h, n, hidden);
-            for (m, out) in [(&layer.w_gate, &mut ws.gate), (&layer.w_up, &mut ws.up)] {
-                out.resize(n * m.rows(), 0.0);
-                m.matmul(&ws.acts, out, th);
+            match &layer.ffn {
+                Ffn::Dense(mlp) => {
+                    ws.acts.set(&ws.h, n, hidden);
+                    for (m, out) in [(&mlp.w_gate, &mut ws.gate), (&mlp.w_up, &mut ws.up)] {
+                        out.resize(n * m.rows(), 0.0);
+                        m.matmul(&ws.acts, out, th);
+                    }
+                    swiglu(&mut ws.gate, &ws.up);
+                    matmul(&mlp.w_down, &mut ws.acts, &ws.gate, n, &mut ws.o, th);
+                    self.collective.all_reduce_sum(&mut ws.o)?;
+                }
+                Ffn::Moe(moe) => self.moe_ffn(l, moe, &ws.h, n, &mut ws.o, &mut ws.moe)?,
             }
-            swiglu(&mut ws.gate, &ws.up);
-            matmul(&layer.w_down, &mut ws.acts, &ws.gate, n, &mut ws.o, th);
-            self.collective.all_reduce_sum(&mut ws.o)?;
             add_inplace(&mut ws.x, &ws.o);
         }
 

@@ -7,6 +7,7 @@ use crate::gguf::{GgmlType, GgufFile};
 use crate::kernels::{QMatrix, WeightType};
 
 use super::config::ModelConfig;
+use super::moe::MoeLayer;
 use super::ModelError;
 
 /// Which part of the weights this process holds: rank `rank` of a group of `world`.
@@ -27,6 +28,12 @@ impl Shard {
         let per = n / self.world;
         (self.rank * per, (self.rank + 1) * per)
     }
+
+    /// The contiguous part of `n` items rank `rank` owns when `n` need not divide evenly
+    /// (experts, tokens): `rank * n / world .. (rank + 1) * n / world`.
+    pub fn uneven(n: usize, world: usize, rank: usize) -> std::ops::Range<usize> {
+        rank * n / world..(rank + 1) * n / world
+    }
 }
 
 /// One transformer block's weights.
@@ -42,9 +49,23 @@ pub struct Layer {
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
+    pub ffn: Ffn,
+}
+
+/// A SwiGLU feed-forward: `down(silu(gate x) * up x)`. In a dense layer gate/up are this rank's
+/// rows and down its columns; a routed expert is whole on the rank that owns it.
+pub struct Mlp {
     pub w_gate: QMatrix,
     pub w_up: QMatrix,
     pub w_down: QMatrix,
+}
+
+/// A block's feed-forward.
+pub enum Ffn {
+    /// Dense SwiGLU, tensor-parallel.
+    Dense(Mlp),
+    /// Sparse mixture of experts, expert-parallel.
+    Moe(MoeLayer),
 }
 
 /// All weights of the model (this rank's share).
@@ -59,7 +80,7 @@ pub struct Weights {
 }
 
 /// Reads a 2-D weight `[rows x cols]` (cols = GGUF dims[0]) in its own format.
-fn matrix(g: &GgufFile, name: &str) -> Result<QMatrix, ModelError> {
+pub(super) fn matrix(g: &GgufFile, name: &str) -> Result<QMatrix, ModelError> {
     let info = g.tensor(name)?;
     if info.dims.len() != 2 {
         return Err(ModelError::BadTensor {
@@ -85,7 +106,7 @@ fn matrix(g: &GgufFile, name: &str) -> Result<QMatrix, ModelError> {
     Ok(QMatrix::from_raw(ty, rows, cols, g.tensor_data(name)?)?)
 }
 
-fn vector(g: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+pub(super) fn vector(g: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
     let v = g.tensor_f32(name)?;
     if v.len() != len {
         return Err(ModelError::BadTensor {
@@ -103,7 +124,12 @@ fn optional_vector(g: &GgufFile, name: &str, len: usize) -> Result<Option<Vec<f3
     vector(g, name, len).map(Some)
 }
 
-fn expect_shape(m: &QMatrix, name: &str, rows: usize, cols: usize) -> Result<(), ModelError> {
+pub(super) fn expect_shape(
+    m: &QMatrix,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<(), ModelError> {
     if m.rows() != rows || m.cols() != cols {
         return Err(ModelError::BadTensor {
             name: name.into(),
@@ -117,7 +143,9 @@ impl Weights {
     /// Loads this rank's share of every weight.
     pub fn load(g: &GgufFile, cfg: &ModelConfig, shard: Shard) -> Result<Self, ModelError> {
         let w = shard.world;
-        if cfg.n_kv_heads % w != 0 || cfg.ffn % w != 0 || cfg.vocab % w != 0 {
+        let sparse = |i: usize| cfg.moe.as_ref().is_some_and(|m| m.sparse_layers[i]);
+        let any_dense = (0..cfg.n_layers).any(|i| !sparse(i));
+        if cfg.n_kv_heads % w != 0 || (any_dense && cfg.ffn % w != 0) || cfg.vocab % w != 0 {
             return Err(ModelError::BadConfig(format!(
                 "tensor-parallel size {w} must divide kv heads ({}), ffn ({}) and vocab ({})",
                 cfg.n_kv_heads, cfg.ffn, cfg.vocab
@@ -172,9 +200,15 @@ impl Weights {
                 q_norm: head_norm("attn_q_norm.weight")?,
                 k_norm: head_norm("attn_k_norm.weight")?,
                 ffn_norm: vector(g, &n("ffn_norm.weight"), cfg.hidden)?,
-                w_gate: rows(load("ffn_gate.weight", cfg.ffn, cfg.hidden)?, f0, f1),
-                w_up: rows(load("ffn_up.weight", cfg.ffn, cfg.hidden)?, f0, f1),
-                w_down: cols(load("ffn_down.weight", cfg.hidden, cfg.ffn)?, f0, f1)?,
+                ffn: if sparse(i) {
+                    Ffn::Moe(super::gguf_moe::layer(g, cfg, i, shard)?)
+                } else {
+                    Ffn::Dense(Mlp {
+                        w_gate: rows(load("ffn_gate.weight", cfg.ffn, cfg.hidden)?, f0, f1),
+                        w_up: rows(load("ffn_up.weight", cfg.ffn, cfg.hidden)?, f0, f1),
+                        w_down: cols(load("ffn_down.weight", cfg.hidden, cfg.ffn)?, f0, f1)?,
+                    })
+                },
             });
         }
         Ok(Weights {
