@@ -82,7 +82,13 @@ fn finish<const R: usize, const T: usize>(
     t0: usize,
     out: OutPtr,
 ) {
-    if T % 4 == 0 {
+    if R == 4 {
+        // Four rows of one token are contiguous in `out`: one reduction, one store.
+        for t in 0..T {
+            let v = hsum4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]);
+            out.write4((t0 + t) * rows + r0, v);
+        }
+    } else if T % 4 == 0 {
         for (r, a) in acc.iter().enumerate() {
             for c in (0..T).step_by(4) {
                 let v = hsum4(a[c], a[c + 1], a[c + 2], a[c + 3]);
@@ -90,11 +96,6 @@ fn finish<const R: usize, const T: usize>(
                     out.write((t0 + c + t) * rows + r0 + r, v);
                 }
             }
-        }
-    } else if R == 4 && T == 1 {
-        let v = hsum4(acc[0][0], acc[1][0], acc[2][0], acc[3][0]);
-        for (r, v) in v.into_iter().enumerate() {
-            out.write(t0 * rows + r0 + r, v);
         }
     } else {
         for (r, a) in acc.iter().enumerate() {

@@ -88,8 +88,8 @@ fn chunk_scales<const R: usize, const T: usize, const TP: usize>(
     dw: &[__m512; R],
     tok: &Tokens<'_, T>,
     b0: usize,
-) -> [[[f32; 16]; TP]; R] {
-    let mut sc = [[[0f32; 16]; TP]; R];
+    sc: &mut [[[f32; 16]; TP]; R],
+) {
     for p in 0..TP {
         let dx = interleave_ps(tok.xd8(2 * p, b0), tok.xd8(2 * p + 1, b0));
         for r in 0..R {
@@ -97,7 +97,6 @@ fn chunk_scales<const R: usize, const T: usize, const TP: usize>(
             unsafe { _mm512_storeu_ps(sc[r][p].as_mut_ptr(), _mm512_mul_ps(dw[r], dx)) };
         }
     }
-    sc
 }
 
 /// Q4_0 / Q4_1 tile of rows `r0..r0 + R` × the `T = 2·TP` tokens of `tok`.
@@ -113,6 +112,7 @@ pub(super) fn tile_q4<const R: usize, const T: usize, const TP: usize>(
     let nb = m.nb;
     let pf = Prefetch::new::<R>(m, r0, rows[0].d.as_ptr());
     let mut acc = [[_mm512_setzero_ps(); TP]; R];
+    let mut sc = [[[0f32; 16]; TP]; R];
     let mut b0 = 0;
     while b0 < nb {
         let mut dw = [_mm512_setzero_ps(); R];
@@ -129,7 +129,7 @@ pub(super) fn tile_q4<const R: usize, const T: usize, const TP: usize>(
             }
             dw[r] = dup_ps(d);
         }
-        let mut sc = chunk_scales::<R, T, TP>(&dw, tok, b0);
+        chunk_scales::<R, T, TP>(&dw, tok, b0, &mut sc);
         // Keep the scales in memory so that they are broadcast by loads.
         std::hint::black_box(&mut sc);
         for j in 0..(nb - b0).min(8) {
@@ -169,6 +169,7 @@ pub(super) fn tile_q8<const R: usize, const T: usize, const TP: usize>(
     let nb = m.nb;
     let pf = Prefetch::new::<R>(m, r0, rows[0].d.as_ptr());
     let mut acc = [[_mm512_setzero_ps(); TP]; R];
+    let mut sc = [[[0f32; 16]; TP]; R];
     let zero = _mm512_setzero_si512();
     let m128 = _mm512_set1_epi8(-128);
     let mut b0 = 0;
@@ -177,7 +178,7 @@ pub(super) fn tile_q8<const R: usize, const T: usize, const TP: usize>(
         for r in 0..R {
             dw[r] = dup_ps(load_f16x8(rows[r].d, b0, nb));
         }
-        let mut sc = chunk_scales::<R, T, TP>(&dw, tok, b0);
+        chunk_scales::<R, T, TP>(&dw, tok, b0, &mut sc);
         // See `tile_q4`.
         std::hint::black_box(&mut sc);
         for j in 0..(nb - b0).min(8) {

@@ -1,8 +1,8 @@
 //! AVX2 attention over an F32 KV cache with `head_dim = 8·CH`: the same float operations, in
 //! the same order, as the portable `attend_typed` (eight-lane `acc + q·k` partial sums reduced as
 //! `((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))`, then `acc + w·v` per position in order),
-//! so results are bit-identical; only the code shape differs: a head's output row stays in
-//! registers across positions instead of being loaded and stored for every one, and four
+//! so results are bit-identical; only the code shape differs: a head's query and output rows stay
+//! in registers across positions instead of being loaded and stored for every one, and four
 //! positions' dot products are reduced together.
 
 use std::arch::x86_64::*;
@@ -30,20 +30,17 @@ unsafe fn load(p: *const f32) -> __m256 {
     unsafe { _mm256_loadu_ps(p) }
 }
 
-/// `Σ q·k` partial sums of one position, eight lanes.
+/// `Σ q·k` partial sums of one position, eight lanes (`q` preloaded).
 ///
 /// # Safety
-/// `q` and `k` must point to `8·CH` readable f32s.
+/// `k` must point to `8·CH` readable f32s.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn partial<const CH: usize>(q: *const f32, k: *const f32) -> __m256 {
+unsafe fn partial<const CH: usize>(q: &[__m256; CH], k: *const f32) -> __m256 {
     let mut acc = _mm256_setzero_ps();
-    for c in 0..CH {
+    for (c, q) in q.iter().enumerate() {
         // SAFETY: `8·c + 8 <= 8·CH`.
-        acc = _mm256_add_ps(
-            acc,
-            _mm256_mul_ps(unsafe { load(q.add(8 * c)) }, unsafe { load(k.add(8 * c)) }),
-        );
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(*q, unsafe { load(k.add(8 * c)) }));
     }
     acc
 }
@@ -87,12 +84,18 @@ pub(super) fn attend_f32<const CH: usize>(
             scratch.scores.clear();
             scratch.scores.resize(group * ctx, 0.0);
             for h in 0..group {
-                let qh = q_t[(g * group + h) * hd..(g * group + h + 1) * hd].as_ptr();
+                let qh = &q_t[(g * group + h) * hd..(g * group + h + 1) * hd];
+                let mut qv = [_mm256_setzero_ps(); CH];
+                for (c, v) in qv.iter_mut().enumerate() {
+                    // SAFETY: `qh` holds `8·CH` f32s.
+                    *v = unsafe { load(qh.as_ptr().add(8 * c)) };
+                }
+                let qh = &qv;
                 let row = &mut scratch.scores[h * ctx..(h + 1) * ctx];
                 let mut j = 0;
                 while j + 4 <= ctx {
                     let r = &scratch.rows[j..j + 4];
-                    // SAFETY: every row offset was checked against `mem` above; `qh` has hd.
+                    // SAFETY: every row offset was checked against `mem` above.
                     let v = unsafe {
                         let p = |i: usize| partial::<CH>(qh, mem.as_ptr().add(r[i].0));
                         hsum4(p(0), p(1), p(2), p(3))
