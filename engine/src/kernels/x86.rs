@@ -84,11 +84,12 @@ fn finish<const R: usize, const T: usize>(
 ) {
     if R == 4 {
         // Four rows of one token are contiguous in `out`: one reduction, one store.
+        #[allow(clippy::needless_range_loop)]
         for t in 0..T {
             let v = hsum4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]);
             out.write4((t0 + t) * rows + r0, v);
         }
-    } else if T % 4 == 0 {
+    } else if T.is_multiple_of(4) {
         for (r, a) in acc.iter().enumerate() {
             for c in (0..T).step_by(4) {
                 let v = hsum4(a[c], a[c + 1], a[c + 2], a[c + 3]);

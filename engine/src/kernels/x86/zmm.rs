@@ -90,6 +90,7 @@ fn chunk_scales<const R: usize, const T: usize, const TP: usize>(
     b0: usize,
     sc: &mut [[[f32; 16]; TP]; R],
 ) {
+    #[allow(clippy::needless_range_loop)]
     for p in 0..TP {
         let dx = interleave_ps(tok.xd8(2 * p, b0), tok.xd8(2 * p + 1, b0));
         for r in 0..R {
@@ -123,6 +124,7 @@ pub(super) fn tile_q4<const R: usize, const T: usize, const TP: usize>(
                 None => _mm256_mul_ps(d, _mm256_set1_ps(-8.0)),
             };
             let mw = dup_ps(mw);
+            #[allow(clippy::needless_range_loop)]
             for p in 0..TP {
                 let s = interleave_ps(tok.s8(2 * p, b0), tok.s8(2 * p + 1, b0));
                 acc[r][p] = _mm512_fmadd_ps(mw, s, acc[r][p]);
