@@ -31,8 +31,9 @@
 //! # Performance
 //! Kernels loop over weight rows outermost, a chunk of rows (~24 KiB, kept in L1/L2) at a time,
 //! and reuse it across all tokens with an R-rows × T-tokens register micro-kernel: 4 × 1 for
-//! single tokens (decode) and 4 × 4 (VNNI) or 2 × 4 (AVX2) for token tiles (batched decode,
-//! prefill); leftover tokens use 4 × 1 and leftover rows 1 × T.
+//! single tokens (decode) and, for token tiles (batched decode, prefill), 4 × 8 and 4 × 4 with
+//! 512-bit token-pair accumulators on VNNI (`x86/zmm.rs`) or 2 × 4 on AVX2; leftover tokens use
+//! 4 × 1 and leftover rows 1 × T.
 //!
 //! The backend is detected once at runtime; `CLEAVE_SIMD=scalar|avx2` caps it (for testing).
 //! Activations whose width is not a multiple of 32 are not quantized and may only be used with
@@ -464,7 +465,14 @@ impl QMatrix {
             let end = (start + chunk).min(rows.end);
             let mut t = 0;
             while t < x.n_tokens {
-                let nt = if x.n_tokens - t >= 4 { 4 } else { 1 };
+                let left = x.n_tokens - t;
+                let nt = if left >= 8 && isa.pairs(self.ty) {
+                    8
+                } else if left >= 4 {
+                    4
+                } else {
+                    1
+                };
                 self.block(isa, x, out, start..end, t, nt);
                 t += nt;
             }
@@ -472,7 +480,7 @@ impl QMatrix {
         }
     }
 
-    /// Computes rows `rows` × tokens `t0..t0 + nt` (`nt` is 1 or 4) with the given backend.
+    /// Computes rows `rows` × tokens `t0..t0 + nt` (`nt` is 1, 4 or 8) with the given backend.
     fn block(
         &self,
         isa: Isa,
@@ -489,9 +497,14 @@ impl QMatrix {
                 unsafe { x86::avx2::block(self, x, out, rows, t0, nt) }
             }
             #[cfg(target_arch = "x86_64")]
-            Isa::Vnni => {
+            Isa::Vnni if nt >= 4 && isa.pairs(self.ty) => {
                 // SAFETY: `Isa::Vnni` is only produced after detecting avx2, fma, f16c,
-                // avx512vnni and avx512vl.
+                // avx512f, avx512vnni and avx512vl.
+                unsafe { x86::zmm::block(self, x, out, rows, t0, nt) }
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Vnni => {
+                // SAFETY: as above.
                 unsafe { x86::vnni::block(self, x, out, rows, t0, nt) }
             }
             _ => scalar::block(self, x, out, rows, t0, nt),
@@ -520,6 +533,16 @@ impl Isa {
         }
     }
 
+    /// Whether token tiles of 4 and 8 use 512-bit token-pair accumulators for `ty`.
+    fn pairs(self, ty: WeightType) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if self == Isa::Vnni {
+            return ty.is_quantized();
+        }
+        let _ = ty;
+        false
+    }
+
     /// All backends this CPU supports, best last.
     fn available() -> Vec<Isa> {
         #[allow(unused_mut)]
@@ -531,7 +554,10 @@ impl Isa {
                 && is_x86_feature_detected!("f16c")
             {
                 v.push(Isa::Avx2);
-                if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
+                if is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512vnni")
+                    && is_x86_feature_detected!("avx512vl")
+                {
                     v.push(Isa::Vnni);
                 }
             }

@@ -65,4 +65,12 @@ impl OutPtr {
         // element `i` (disjoint row chunks), so this write does not race.
         unsafe { self.ptr.add(i).write(v) }
     }
+
+    /// Writes `out[i..i + 4]`, as [`OutPtr::write`] does for each.
+    pub(super) fn write4(self, i: usize, v: [f32; 4]) {
+        assert!(i + 4 <= self.len);
+        // SAFETY: `i..i + 4` is in bounds of the borrowed output slice, and no other thread
+        // accesses these elements (disjoint row chunks), so this write does not race.
+        unsafe { self.ptr.add(i).cast::<[f32; 4]>().write_unaligned(v) }
+    }
 }

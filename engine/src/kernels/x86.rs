@@ -13,6 +13,8 @@ use std::arch::x86_64::*;
 
 use super::{Activations, OutPtr, PackedRow, QMatrix, QK};
 
+pub(super) mod zmm;
+
 /// The AVX2 integer dot: `maddubs` (u8 × i8 → pairs of i16; at most 2·255·127 never happens
 /// here: Q4 nibbles are <= 15 and Q8 uses |w| <= 128 against |x| <= 127, so no saturation) then
 /// `madd` with ones → lane k = Σ of bytes 4k..4k+3 of the products.
@@ -80,17 +82,21 @@ fn finish<const R: usize, const T: usize>(
     t0: usize,
     out: OutPtr,
 ) {
-    if T == 4 {
-        for (r, a) in acc.iter().enumerate() {
-            let v = hsum4(a[0], a[1], a[2], a[3]);
-            for (t, v) in v.into_iter().enumerate() {
-                out.write((t0 + t) * rows + r0 + r, v);
-            }
+    if R == 4 {
+        // Four rows of one token are contiguous in `out`: one reduction, one store.
+        #[allow(clippy::needless_range_loop)]
+        for t in 0..T {
+            let v = hsum4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]);
+            out.write4((t0 + t) * rows + r0, v);
         }
-    } else if R == 4 && T == 1 {
-        let v = hsum4(acc[0][0], acc[1][0], acc[2][0], acc[3][0]);
-        for (r, v) in v.into_iter().enumerate() {
-            out.write(t0 * rows + r0 + r, v);
+    } else if T.is_multiple_of(4) {
+        for (r, a) in acc.iter().enumerate() {
+            for c in (0..T).step_by(4) {
+                let v = hsum4(a[c], a[c + 1], a[c + 2], a[c + 3]);
+                for (t, v) in v.into_iter().enumerate() {
+                    out.write((t0 + c + t) * rows + r0 + r, v);
+                }
+            }
         }
     } else {
         for (r, a) in acc.iter().enumerate() {

@@ -4,6 +4,9 @@
 use crate::kv::memory::{KvCache, KvDtype, KvElem, KvLayout};
 use crate::kv::BlockId;
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
 /// Where one batch token's keys and values go and what it may attend to.
 #[derive(Clone, Copy, Debug)]
 pub struct TokenSlot<'a> {
@@ -48,6 +51,8 @@ fn write_typed<T: KvElem>(
 pub struct AttnScratch {
     scores: Vec<f32>,
     acc: Vec<f32>,
+    /// (key, value) element offsets of the positions a kv head attends to.
+    rows: Vec<(usize, usize)>,
 }
 
 /// Causal attention of every batch token over its sequence's cached positions `0..=pos`.
@@ -61,6 +66,29 @@ pub fn attend(
     out: &mut [f32],
     scratch: &mut AttnScratch,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() && cache.layout().dtype == KvDtype::F32 {
+        let hd = cache.layout().head_dim;
+        // SAFETY (all arms): the CPU supports AVX2 and FMA (checked at run time just above).
+        match hd {
+            32 => {
+                return unsafe {
+                    avx2::attend_f32::<4>(cache, layer, slots, q, n_heads, out, scratch)
+                }
+            }
+            64 => {
+                return unsafe {
+                    avx2::attend_f32::<8>(cache, layer, slots, q, n_heads, out, scratch)
+                }
+            }
+            128 => {
+                return unsafe {
+                    avx2::attend_f32::<16>(cache, layer, slots, q, n_heads, out, scratch)
+                }
+            }
+            _ => {}
+        }
+    }
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
         // SAFETY: the CPU supports AVX2 and FMA (checked at run time just above).
@@ -172,17 +200,7 @@ fn attend_typed<T: KvElem>(
                 }
             }
             for h in 0..group {
-                let row = &mut scratch.scores[h * ctx..(h + 1) * ctx];
-                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0.0;
-                for v in row.iter_mut() {
-                    *v = (*v - max).exp();
-                    sum += *v;
-                }
-                let inv = 1.0 / sum;
-                for v in row.iter_mut() {
-                    *v *= inv;
-                }
+                softmax(&mut scratch.scores[h * ctx..(h + 1) * ctx]);
             }
             scratch.acc.clear();
             scratch.acc.resize(group * hd, 0.0);
@@ -200,6 +218,22 @@ fn attend_typed<T: KvElem>(
             }
             out_t[g * group * hd..(g + 1) * group * hd].copy_from_slice(&scratch.acc);
         }
+    }
+}
+
+/// In-place softmax of one score row (shared by every attention path, so they agree bit for
+/// bit).
+#[inline(always)]
+fn softmax(row: &mut [f32]) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for v in row.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in row.iter_mut() {
+        *v *= inv;
     }
 }
 
@@ -297,6 +331,54 @@ mod tests {
             let tol = if dtype == KvDtype::F32 { 1e-5 } else { 5e-3 };
             for (a, b) in out.iter().zip(&want) {
                 assert!((a - b).abs() < tol, "{dtype:?}: {a} vs {b}");
+            }
+        }
+    }
+
+    /// The SIMD path (F32 cache, head_dim 32/64/128 on AVX2 machines) gives the same bits as
+    /// the portable code, for several context lengths (partial blocks, tails of < 4 positions).
+    #[test]
+    fn simd_attention_is_bit_identical_to_portable() {
+        for hd in [32, 64, 128] {
+            let lay = KvLayout {
+                n_layers: 2,
+                n_kv_heads: 3,
+                head_dim: hd,
+                block_size: 16,
+                dtype: KvDtype::F32,
+            };
+            let mut cache = KvCache::on_heap(lay, 8);
+            let blocks = [BlockId(6), BlockId(2), BlockId(7), BlockId(0)];
+            let n = lay.token_elems();
+            let val = |p: usize, i: usize, s: f32| (((p * 131 + i * 71) % 97) as f32 - 48.0) * s;
+            for p in 0..53 {
+                let k: Vec<f32> = (0..n).map(|i| val(p, i, 0.013)).collect();
+                let v: Vec<f32> = (0..n).map(|i| val(p, i + 5, 0.021)).collect();
+                let slot = [TokenSlot {
+                    pos: p,
+                    blocks: &blocks,
+                }];
+                write_kv(&mut cache, 1, &slot, &k, &v);
+            }
+            let n_heads = 9;
+            let positions = [0, 1, 2, 3, 4, 5, 15, 16, 17, 31, 38, 52];
+            let slots: Vec<TokenSlot> = positions
+                .iter()
+                .map(|&pos| TokenSlot {
+                    pos,
+                    blocks: &blocks,
+                })
+                .collect();
+            let q: Vec<f32> = (0..slots.len() * n_heads * hd)
+                .map(|i| ((i * 37 % 29) as f32 - 14.0) * 0.05)
+                .collect();
+            let mut fast = vec![0.0; q.len()];
+            let mut slow = vec![0.0; q.len()];
+            let mut scratch = AttnScratch::default();
+            attend(&cache, 1, &slots, &q, n_heads, &mut fast, &mut scratch);
+            attend_any(&cache, 1, &slots, &q, n_heads, &mut slow, &mut scratch);
+            for (i, (a, b)) in fast.iter().zip(&slow).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "hd {hd} element {i}: {a} vs {b}");
             }
         }
     }
