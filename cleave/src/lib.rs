@@ -2,6 +2,7 @@
 //! the engine. `main.rs` only parses arguments and calls [`run`].
 
 pub mod bench;
+pub mod bench_collectives;
 pub mod bench_route;
 pub mod fetch;
 pub mod generate;
@@ -70,6 +71,12 @@ pub enum BenchCommand {
     /// Routing at scale, simulated: a Mooncake-format trace through the router's prefix index and
     /// placement policies against simulated workers (hit rate, load imbalance, TTFT, decisions/s).
     Route(bench_route::RouteArgs),
+    /// All-reduce and all-to-all bandwidth of local rank processes per message size, next to
+    /// memcpy, over each transport.
+    Collectives(bench_collectives::CollectivesArgs),
+    /// One rank of `bench collectives` (started by it).
+    #[command(hide = true)]
+    CollectivesRank(bench_collectives::RankArgs),
 }
 
 /// Flags of `cleave worker`.
@@ -117,6 +124,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             BenchCommand::Engine(args) => bench::bench_engine(args),
             BenchCommand::KvTransfer(args) => bench::bench_kv_transfer(args),
             BenchCommand::Route(args) => bench_route::bench_route(args),
+            BenchCommand::Collectives(args) => bench_collectives::bench_collectives(args),
+            BenchCommand::CollectivesRank(args) => bench_collectives::bench_rank(args),
         },
     }
 }
