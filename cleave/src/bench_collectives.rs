@@ -28,7 +28,7 @@ pub struct CollectivesArgs {
     /// Bytes to move per size and operation (sets the iteration count), in MiB.
     #[arg(long, default_value_t = 256)]
     pub mib_per_size: usize,
-    /// Transports to measure (tcp; ucx is reported as not implemented).
+    /// Transports to measure (ucx is skipped in builds without UCX).
     #[arg(long, value_delimiter = ',', default_value = "tcp,ucx")]
     pub transport: Vec<String>,
 }
@@ -47,6 +47,8 @@ pub struct RankArgs {
     pub kib: Vec<usize>,
     #[arg(long)]
     pub mib_per_size: usize,
+    #[arg(long, default_value = "tcp")]
+    pub transport: String,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -74,15 +76,15 @@ pub fn bench_collectives(args: CollectivesArgs) -> anyhow::Result<()> {
     }
     for t in &args.transport {
         let transport: Transport = t.parse().map_err(anyhow::Error::msg)?;
-        if transport != Transport::Tcp {
-            println!("\ntransport {t}: not implemented for collectives (TCP only); skipped");
+        if !transport.available() {
+            println!("\ntransport {t}: this build has no UCX; skipped");
             continue;
         }
         for &world in &args.world {
             if world < 2 {
                 bail!("--world {world}: a group needs at least 2 ranks");
             }
-            let samples = run_group(&exe, world, &args)?;
+            let samples = run_group(&exe, world, t, &args)?;
             println!("\ntransport {t}, world {world}:");
             println!(
                 "  {:<11} {:>9} {:>7} {:>11} {:>12} {:>12} {:>9}",
@@ -119,6 +121,7 @@ pub fn bench_collectives(args: CollectivesArgs) -> anyhow::Result<()> {
 fn run_group(
     exe: &std::path::Path,
     world: usize,
+    transport: &str,
     args: &CollectivesArgs,
 ) -> anyhow::Result<Vec<Sample>> {
     let kib: Vec<String> = args.kib.iter().map(|k| k.to_string()).collect();
@@ -127,6 +130,7 @@ fn run_group(
         cmd.args(["bench", "collectives-rank", "--rank", &rank.to_string()])
             .args(["--world", &world.to_string(), "--kib", &kib.join(",")])
             .args(["--mib-per-size", &args.mib_per_size.to_string()])
+            .args(["--transport", transport])
             .stdout(Stdio::piped());
         if let Some(l) = leader {
             cmd.args(["--leader", l]);
@@ -165,6 +169,7 @@ pub fn bench_rank(args: RankArgs) -> anyhow::Result<()> {
     );
     cfg.bind_addr = Some("127.0.0.1:0".parse().expect("literal"));
     cfg.timeout = Duration::from_secs(120);
+    cfg.transport = args.transport.parse().map_err(anyhow::Error::msg)?;
     let pending = Pending::bind(cfg)?;
     if args.rank == 0 {
         println!("LEADER {}", pending.local_addr()?);

@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-use crate::{GroupConfig, GroupError, Transport};
+use crate::{GroupConfig, GroupError};
 
 const MAGIC: &[u8; 4] = b"CLVC";
 const VERSION: u32 = 1;
@@ -36,9 +36,9 @@ impl Pending {
                 cfg.rank, cfg.world
             )));
         }
-        if cfg.transport != Transport::Tcp {
+        if !cfg.transport.available() {
             return Err(GroupError::Unsupported(format!(
-                "collectives over {:?} are not implemented; use tcp",
+                "this build has no {:?} (UCX was not found when it was built); use tcp",
                 cfg.transport
             )));
         }

@@ -19,6 +19,8 @@ pub struct NetGroup {
     pub(crate) small_bytes: usize,
     /// Call sequence number; the lock also serialises calls.
     seq: Mutex<u32>,
+    #[cfg(have_ucx)]
+    ucx: Option<crate::ucx::Ucx>,
     aborted: Mutex<Option<String>>,
 }
 
@@ -80,6 +82,8 @@ impl NetGroup {
             links: &self.links,
             deadline: Instant::now() + self.timeout,
             timeout: self.timeout,
+            #[cfg(have_ucx)]
+            ucx: self.ucx.as_ref(),
         };
         let res = f(&call);
         if let Err(e) = &res {
@@ -102,22 +106,60 @@ impl Pending {
             self.cfg.timeout,
             self.cfg.small_bytes,
         );
+        let transport = self.cfg.transport;
         let links = self.mesh()?;
-        let group = NetGroup {
+        #[allow(unused_mut)]
+        let mut group = NetGroup {
             rank,
             world,
             links,
             timeout,
             small_bytes,
             seq: Mutex::new(0),
+            #[cfg(have_ucx)]
+            ucx: None,
             aborted: Mutex::new(None),
         };
+        if transport == crate::Transport::Ucx {
+            #[cfg(have_ucx)]
+            group.start_ucx()?;
+        }
         // Everyone connected to everyone before anyone returns.
         group
             .barrier()
             .map_err(|e| GroupError::Protocol(format!("first barrier: {e}")))?;
         tracing::debug!(rank, world, "collective group formed");
         Ok(group)
+    }
+}
+
+#[cfg(have_ucx)]
+impl NetGroup {
+    /// Creates this rank's UCX worker, swaps worker addresses over TCP, and connects endpoints.
+    fn start_ucx(&mut self) -> Result<(), GroupError> {
+        use crate::wire::{Into, Recv, Send};
+        let (mut ucx, mine) = crate::ucx::Ucx::new()?;
+        let mut addrs: Vec<Vec<u8>> = vec![Vec::new(); self.world];
+        self.run(Op::Setup, |c| {
+            let sends = (0..self.world)
+                .filter(|&p| p != self.rank)
+                .map(|peer| Send { peer, data: &mine })
+                .collect();
+            let recvs = addrs
+                .iter_mut()
+                .enumerate()
+                .filter(|(p, _)| *p != self.rank)
+                .map(|(peer, a)| Recv {
+                    peer,
+                    into: Into::Bytes(a),
+                })
+                .collect();
+            c.exchange(sends, recvs)
+        })
+        .map_err(|e| GroupError::Protocol(format!("exchanging UCX addresses: {e}")))?;
+        ucx.connect(&addrs)?;
+        self.ucx = Some(ucx);
+        Ok(())
     }
 }
 

@@ -15,6 +15,8 @@
 mod connect;
 mod group;
 mod ops;
+#[cfg(have_ucx)]
+mod ucx;
 mod wire;
 
 use std::net::SocketAddr;
@@ -29,7 +31,8 @@ pub enum Transport {
     /// One TCP connection per pair of ranks (TCP_NODELAY).
     #[default]
     Tcp,
-    /// UCX. Not implemented for collectives yet: [`NetGroup::connect`] refuses it.
+    /// UCX tag messages (shared memory on one host, RDMA where available), with the TCP mesh
+    /// kept as the control path. Refused by [`NetGroup::connect`] in builds without UCX.
     Ucx,
 }
 
@@ -110,4 +113,14 @@ pub enum GroupError {
     /// The transport is not available.
     #[error("{0}")]
     Unsupported(String),
+}
+
+impl Transport {
+    /// Whether this build can use the transport.
+    pub fn available(self) -> bool {
+        match self {
+            Transport::Tcp => true,
+            Transport::Ucx => cfg!(have_ucx),
+        }
+    }
 }

@@ -29,6 +29,8 @@ pub(crate) enum Op {
     AllToAll = 3,
     Broadcast = 4,
     Barrier = 5,
+    /// Exchanging transport addresses while the group forms.
+    Setup = 6,
 }
 
 impl Op {
@@ -39,6 +41,7 @@ impl Op {
             3 => "all_to_all_v",
             4 => "broadcast",
             5 => "barrier",
+            6 => "group setup",
             _ => "an unknown operation",
         }
     }
@@ -116,6 +119,8 @@ pub(crate) struct Call<'s> {
     pub links: &'s [Option<TcpStream>],
     pub deadline: Instant,
     pub timeout: Duration,
+    #[cfg(have_ucx)]
+    pub ucx: Option<&'s crate::ucx::Ucx>,
 }
 
 fn peer_failed(peer: usize, why: impl std::fmt::Display) -> CollectiveError {
@@ -141,6 +146,10 @@ impl Call<'_> {
         sends: Vec<Send<'_>>,
         recvs: Vec<Recv<'_>>,
     ) -> Result<(), CollectiveError> {
+        #[cfg(have_ucx)]
+        if let Some(u) = self.ucx {
+            return u.exchange(self, sends, recvs);
+        }
         let mut sends: Vec<SendState> = sends
             .into_iter()
             .map(|s| SendState {
@@ -328,17 +337,25 @@ impl Call<'_> {
             ));
         }
         let len = len as usize;
+        self.fit(r.peer, len, &mut r.into)?;
+        if let Into::Add(_) = r.into {
+            r.scratch = vec![0; ADD_SCRATCH.min(len.max(4))];
+        }
+        r.len = len;
+        Ok(())
+    }
+
+    /// Checks that a `len`-byte message from `peer` fits `into`, resizing growable targets.
+    fn fit(&self, peer: usize, len: usize, into: &mut Into) -> Result<(), CollectiveError> {
         let mismatch = |want: usize| {
             CollectiveError::Invalid(format!(
-                "{}: rank {} sent {len} bytes, this rank expected {want}",
+                "{}: rank {peer} sent {len} bytes, this rank expected {want}",
                 Op::name(self.op as u8),
-                r.peer
             ))
         };
-        match &mut r.into {
+        match into {
             Into::Exact(buf) if buf.len() != len => return Err(mismatch(buf.len())),
             Into::Add(dst) if dst.len() * 4 != len => return Err(mismatch(dst.len() * 4)),
-            Into::Add(_) => r.scratch = vec![0; ADD_SCRATCH.min(len.max(4))],
             Into::F32s(v) => {
                 if !len.is_multiple_of(4) {
                     return Err(mismatch(len / 4 * 4));
@@ -350,9 +367,41 @@ impl Call<'_> {
                 v.clear();
                 v.resize(len, 0);
             }
-            Into::Exact(_) => {}
+            Into::Exact(_) | Into::Add(_) => {}
         }
-        r.len = len;
         Ok(())
+    }
+
+    /// For transports that deliver whole messages: checks a `len`-byte message of operation
+    /// `op` from `peer` against this call and returns where its bytes go (`Add` messages land
+    /// in `scratch` and are added by the caller).
+    #[cfg(have_ucx)]
+    pub(crate) fn prepare(
+        &self,
+        peer: usize,
+        op: u8,
+        len: usize,
+        into: &mut Into,
+        scratch: &mut Vec<u8>,
+    ) -> Result<(*mut u8, usize), CollectiveError> {
+        if op != self.op as u8 {
+            return Err(CollectiveError::Invalid(format!(
+                "rank {peer} is in {} while this rank is in {} (call {})",
+                Op::name(op),
+                Op::name(self.op as u8),
+                self.seq
+            )));
+        }
+        self.fit(peer, len, into)?;
+        Ok(match into {
+            Into::Exact(buf) => (buf.as_mut_ptr(), len),
+            Into::Add(_) => {
+                scratch.clear();
+                scratch.resize(len, 0);
+                (scratch.as_mut_ptr(), len)
+            }
+            Into::F32s(v) => (v.as_mut_ptr() as *mut u8, len),
+            Into::Bytes(v) => (v.as_mut_ptr(), len),
+        })
     }
 }

@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use cleave_collective::NetGroup;
+use cleave_collective::{NetGroup, Transport};
 use cleave_engine::collective::{Collective, CollectiveError};
 
 const CHILD_ENV: &str = "CLEAVE_COLL_CHILD";
@@ -25,7 +25,11 @@ fn child_rank() {
         parts[1].parse().unwrap(),
         parts[2],
     );
-    let group = NetGroup::connect(common::config(rank, world, addr, &|_| {})).unwrap();
+    let transport: Transport = parts[3].parse().unwrap();
+    let group = NetGroup::connect(common::config(rank, world, addr, &|c| {
+        c.transport = transport
+    }))
+    .unwrap();
     loop {
         let mut buf = vec![rank as f32; 1000];
         if group.all_reduce_sum(&mut buf).is_err() {
@@ -36,12 +40,27 @@ fn child_rank() {
 
 #[test]
 fn a_killed_rank_process_fails_the_others_promptly() {
+    for t in common::transports() {
+        killed_rank(t);
+    }
+}
+
+fn killed_rank(t: Transport) {
     let world = 3;
-    let tweak = |c: &mut cleave_collective::GroupConfig| c.timeout = Duration::from_secs(600);
+    let tweak = move |c: &mut cleave_collective::GroupConfig| {
+        c.timeout = Duration::from_secs(600);
+        c.transport = t;
+    };
     let (pending, addr) = common::leader(world, &tweak);
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_rank", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, format!("2,{world},{addr}"))
+        .env(
+            CHILD_ENV,
+            format!(
+                "2,{world},{addr},{}",
+                if t == Transport::Ucx { "ucx" } else { "tcp" }
+            ),
+        )
         .stdout(Stdio::null())
         .spawn()
         .unwrap();

@@ -4,7 +4,7 @@
 use std::sync::mpsc;
 use std::time::Duration;
 
-use cleave_collective::{GroupConfig, NetGroup, Pending};
+use cleave_collective::{GroupConfig, NetGroup, Pending, Transport};
 
 /// How long any multi-rank test may run before it counts as hung.
 pub const WATCHDOG: Duration = Duration::from_secs(60);
@@ -90,5 +90,13 @@ pub fn data(seed: u64, n: usize) -> Vec<f32> {
             x ^= x << 17;
             ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
+        .collect()
+}
+
+/// The transports this build can test: TCP, and UCX where it was found at build time.
+pub fn transports() -> Vec<Transport> {
+    [Transport::Tcp, Transport::Ucx]
+        .into_iter()
+        .filter(|t| t.available())
         .collect()
 }
