@@ -56,7 +56,7 @@ unsafe extern "C" fn on_ep_error(_arg: *mut c_void, _ep: sys::ucp_ep_h, status: 
 /// UCS_PTR_IS_ERR / UCS_PTR_STATUS: a status pointer is a request, NULL (done) or an error.
 fn ptr_status(ptr: *mut c_void) -> Option<sys::ucs_status_t> {
     let last = sys::ucs_status_t::UCS_ERR_LAST.0 as isize as usize;
-    ((ptr as usize) >= last).then(|| sys::ucs_status_t(ptr as isize as _))
+    ((ptr as usize) >= last).then_some(sys::ucs_status_t(ptr as isize as _))
 }
 
 /// One rank's UCX context, worker and endpoints. Used only inside a call, which the group's
