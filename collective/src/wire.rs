@@ -30,6 +30,7 @@ pub(crate) enum Op {
     Broadcast = 4,
     Barrier = 5,
     /// Exchanging transport addresses while the group forms.
+    #[cfg_attr(not(have_ucx), allow(dead_code))]
     Setup = 6,
 }
 
