@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod bench_compare;
+pub mod bench_collectives;
 pub mod bench_route;
 pub mod bench_serve;
 pub mod fetch;
@@ -77,6 +78,12 @@ pub enum BenchCommand {
     Serve(Box<bench_serve::ServeArgs>),
     /// The same workload against several local `cleave up` configurations, with ratios.
     Compare(Box<bench_compare::CompareArgs>),
+    /// All-reduce and all-to-all bandwidth of local rank processes per message size, next to
+    /// memcpy, over each transport.
+    Collectives(bench_collectives::CollectivesArgs),
+    /// One rank of `bench collectives` (started by it).
+    #[command(hide = true)]
+    CollectivesRank(bench_collectives::RankArgs),
 }
 
 /// Flags of `cleave worker`.
@@ -126,6 +133,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             BenchCommand::Route(args) => bench_route::bench_route(args),
             BenchCommand::Serve(args) => bench_serve::bench_serve(*args),
             BenchCommand::Compare(args) => bench_compare::bench_compare(*args),
+            BenchCommand::Collectives(args) => bench_collectives::bench_collectives(args),
+            BenchCommand::CollectivesRank(args) => bench_collectives::bench_rank(args),
         },
     }
 }

@@ -1,0 +1,487 @@
+//! UCX transport: the same framed exchanges as over TCP, carried by UCX tag-matched messages
+//! (shared memory between processes on one host, RDMA or TCP across hosts, as UCX chooses).
+//!
+//! The TCP mesh stays up next to UCX as the control path: the workers' addresses are exchanged
+//! over it, and while a UCX exchange waits it also watches the TCP connections, so a peer that
+//! dies (its sockets close) or an `abort` (which shuts ours down) fails the call at once.
+//!
+//! A tag is `seq << 32 | op << 24 | source rank`. Receives probe by sequence number and source
+//! only, so a peer in a different operation is reported as such instead of never matching.
+
+use std::ffi::{c_void, CStr};
+use std::os::fd::AsRawFd;
+use std::ptr::null_mut;
+use std::time::{Duration, Instant};
+
+use cleave_engine::collective::CollectiveError;
+use cleave_ucx_sys as sys;
+
+use crate::wire::{Call, Into, Recv, Send};
+use crate::GroupError;
+
+const TAG_MATCH: u64 = 0xFFFF_FFFF_00FF_FFFF;
+/// How long a call keeps going after a peer's control connection closed.
+const CLOSE_GRACE: Duration = Duration::from_millis(500);
+/// How long dropping a group waits for its last messages to leave.
+const FLUSH_ON_DROP: Duration = Duration::from_secs(2);
+
+fn tag(seq: u32, op: u8, src: usize) -> u64 {
+    (seq as u64) << 32 | (op as u64) << 24 | src as u64
+}
+
+fn status_text(status: sys::ucs_status_t) -> String {
+    // SAFETY: ucs_status_string returns a static NUL-terminated string for any status.
+    unsafe { CStr::from_ptr(sys::ucs_status_string(status)) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn check(call: &str, status: sys::ucs_status_t) -> Result<(), GroupError> {
+    if status == sys::ucs_status_t::UCS_OK {
+        Ok(())
+    } else {
+        Err(GroupError::Unsupported(format!(
+            "{call}: {}",
+            status_text(status)
+        )))
+    }
+}
+
+/// Endpoint failures surface as failed requests (and the TCP control path); UCX only needs a
+/// handler installed to report them that way instead of logging errors.
+unsafe extern "C" fn on_ep_error(_arg: *mut c_void, _ep: sys::ucp_ep_h, status: sys::ucs_status_t) {
+    tracing::debug!(status = %status_text(status), "UCX endpoint failed");
+}
+
+/// UCS_PTR_IS_ERR / UCS_PTR_STATUS: a status pointer is a request, NULL (done) or an error.
+fn ptr_status(ptr: *mut c_void) -> Option<sys::ucs_status_t> {
+    let last = sys::ucs_status_t::UCS_ERR_LAST.0 as isize as usize;
+    ((ptr as usize) >= last).then_some(sys::ucs_status_t(ptr as isize as _))
+}
+
+/// One rank's UCX context, worker and endpoints. Used only inside a call, which the group's
+/// call lock serialises.
+pub(crate) struct Ucx {
+    context: sys::ucp_context_h,
+    worker: sys::ucp_worker_h,
+    efd: i32,
+    eps: Vec<sys::ucp_ep_h>,
+    /// The endpoints were force-closed after a failed call.
+    closed: std::sync::atomic::AtomicBool,
+}
+
+// SAFETY: the handles are only used under the group's call lock (one thread at a time), and the
+// worker is created in serialised thread mode.
+unsafe impl std::marker::Send for Ucx {}
+// SAFETY: as above.
+unsafe impl Sync for Ucx {}
+
+impl Ucx {
+    /// Creates the context and worker; returns them with the worker's packed address.
+    pub(crate) fn new() -> Result<(Ucx, Vec<u8>), GroupError> {
+        let mut config: *mut sys::ucp_config_t = null_mut();
+        // SAFETY: out-pointer to a local; NULL prefix and file mean the defaults.
+        check("ucp_config_read", unsafe {
+            sys::ucp_config_read(null_mut(), null_mut(), &mut config)
+        })?;
+        let params = sys::ucp_params_t {
+            field_mask: sys::UCP_PARAM_FIELD_FEATURES as u64,
+            features: (sys::UCP_FEATURE_TAG | sys::UCP_FEATURE_WAKEUP) as u64,
+            ..Default::default()
+        };
+        let mut context: sys::ucp_context_h = null_mut();
+        // SAFETY: params and config are valid for the call.
+        let status = unsafe {
+            sys::ucp_init_version(
+                sys::UCP_API_MAJOR,
+                sys::UCP_API_MINOR,
+                &params,
+                config,
+                &mut context,
+            )
+        };
+        // SAFETY: released once, after use.
+        unsafe { sys::ucp_config_release(config) };
+        check("ucp_init", status)?;
+        let wparams = sys::ucp_worker_params_t {
+            field_mask: sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE as u64,
+            thread_mode: sys::ucs_thread_mode_t::UCS_THREAD_MODE_SERIALIZED,
+            ..Default::default()
+        };
+        let mut worker: sys::ucp_worker_h = null_mut();
+        // SAFETY: live context; out-pointer.
+        if let Err(e) = check("ucp_worker_create", unsafe {
+            sys::ucp_worker_create(context, &wparams, &mut worker)
+        }) {
+            // SAFETY: the context is unused elsewhere.
+            unsafe { sys::ucp_cleanup(context) };
+            return Err(e);
+        }
+        let mut ucx = Ucx {
+            context,
+            worker,
+            efd: -1,
+            eps: Vec::new(),
+            closed: false.into(),
+        };
+        // SAFETY: live worker; out-pointer (on error `ucx` drops and cleans up).
+        check("ucp_worker_get_efd", unsafe {
+            sys::ucp_worker_get_efd(worker, &mut ucx.efd)
+        })?;
+        let mut addr: *mut sys::ucp_address_t = null_mut();
+        let mut len = 0usize;
+        // SAFETY: live worker; out-pointers.
+        check("ucp_worker_get_address", unsafe {
+            sys::ucp_worker_get_address(worker, &mut addr, &mut len)
+        })?;
+        // SAFETY: UCX returned `len` readable bytes at `addr`, released right after.
+        let packed = unsafe { std::slice::from_raw_parts(addr as *const u8, len).to_vec() };
+        // SAFETY: `addr` came from this worker.
+        unsafe { sys::ucp_worker_release_address(worker, addr) };
+        Ok((ucx, packed))
+    }
+
+    /// Creates an endpoint to every peer from their worker addresses (empty at this rank).
+    pub(crate) fn connect(&mut self, addrs: &[Vec<u8>]) -> Result<(), GroupError> {
+        for a in addrs {
+            if a.is_empty() {
+                self.eps.push(null_mut());
+                continue;
+            }
+            let params = sys::ucp_ep_params_t {
+                field_mask: (sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS
+                    | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
+                    | sys::UCP_EP_PARAM_FIELD_ERR_HANDLER) as u64,
+                address: a.as_ptr() as *const sys::ucp_address_t,
+                err_mode: sys::ucp_err_handling_mode_t::UCP_ERR_HANDLING_MODE_PEER,
+                err_handler: sys::ucp_err_handler_t {
+                    cb: Some(on_ep_error),
+                    arg: null_mut(),
+                },
+                ..Default::default()
+            };
+            let mut ep: sys::ucp_ep_h = null_mut();
+            // SAFETY: live worker; the address bytes are valid for the call.
+            check("ucp_ep_create", unsafe {
+                sys::ucp_ep_create(self.worker, &params, &mut ep)
+            })?;
+            self.eps.push(ep);
+        }
+        Ok(())
+    }
+
+    fn progress(&self) -> bool {
+        let mut any = false;
+        // SAFETY: live worker, used by one thread at a time.
+        while unsafe { sys::ucp_worker_progress(self.worker) } != 0 {
+            any = true;
+        }
+        any
+    }
+
+    /// [`Call::exchange`] over UCX.
+    pub(crate) fn exchange(
+        &self,
+        c: &Call,
+        sends: Vec<Send<'_>>,
+        recvs: Vec<Recv<'_>>,
+    ) -> Result<(), CollectiveError> {
+        let mut ops = Pending {
+            ucx: self,
+            requests: Vec::new(),
+        };
+        let res = self.exchange_inner(c, &mut ops, sends, recvs);
+        if res.is_err() {
+            ops.cancel();
+        }
+        res
+    }
+
+    fn exchange_inner<'b>(
+        &self,
+        c: &Call,
+        ops: &mut Pending,
+        sends: Vec<Send<'b>>,
+        recvs: Vec<Recv<'b>>,
+    ) -> Result<(), CollectiveError> {
+        let me = self.eps.iter().position(|e| e.is_null()).unwrap_or(0);
+        let param = sys::ucp_request_param_t::default();
+        for s in &sends {
+            let ep = self.eps[s.peer];
+            // SAFETY: `s.data` outlives the request (we wait for it or cancel it before returning).
+            let req = unsafe {
+                sys::ucp_tag_send_nbx(
+                    ep,
+                    s.data.as_ptr() as *const c_void,
+                    s.data.len(),
+                    tag(c.seq, c.op as u8, me),
+                    &param,
+                )
+            };
+            ops.track(req, s.peer, "send")?;
+        }
+        struct Want<'b> {
+            peer: usize,
+            into: Into<'b>,
+            /// `Add`: the bytes, added on completion.
+            scratch: Vec<u8>,
+            req: Option<usize>,
+            matched: bool,
+        }
+        let mut wants: Vec<Want> = recvs
+            .into_iter()
+            .map(|r| Want {
+                peer: r.peer,
+                into: r.into,
+                scratch: Vec::new(),
+                req: None,
+                matched: false,
+            })
+            .collect();
+        let mut closed: Option<(Instant, usize)> = None;
+        loop {
+            let progressed = self.progress();
+            for w in wants.iter_mut().filter(|w| !w.matched) {
+                let mut info = sys::ucp_tag_recv_info_t::default();
+                // SAFETY: live worker; out-pointer to a local; `remove` = 1 hands us the message.
+                let msg = unsafe {
+                    sys::ucp_tag_probe_nb(
+                        self.worker,
+                        tag(c.seq, 0, w.peer),
+                        TAG_MATCH,
+                        1,
+                        &mut info,
+                    )
+                };
+                if msg.is_null() {
+                    continue;
+                }
+                w.matched = true;
+                let op = ((info.sender_tag >> 24) & 0xFF) as u8;
+                let (ptr, len) = c.prepare(w.peer, op, info.length, &mut w.into, &mut w.scratch)?;
+                // SAFETY: `ptr` points at `len` writable bytes that outlive the request.
+                let req = unsafe {
+                    sys::ucp_tag_msg_recv_nbx(self.worker, ptr as *mut c_void, len, msg, &param)
+                };
+                w.req = ops.track(req, w.peer, "receive")?;
+            }
+            ops.reap()?;
+            let open = ops.requests.iter().any(|r| r.is_some());
+            if !open && wants.iter().all(|w| w.matched) {
+                break;
+            }
+            if !progressed {
+                let waiting: Vec<usize> = wants
+                    .iter()
+                    .filter(|w| !w.matched)
+                    .map(|w| w.peer)
+                    .collect();
+                if let Some(peer) = self.wait(c, &waiting, ops)? {
+                    // A peer that finished its part and left closes its control connection
+                    // while its last messages may still be on their way: give them a moment.
+                    let since = *closed.get_or_insert((Instant::now(), peer));
+                    if since.0.elapsed() > CLOSE_GRACE {
+                        return Err(CollectiveError::PeerFailed {
+                            rank: since.1,
+                            why: "closed its connection".into(),
+                        });
+                    }
+                }
+            }
+        }
+        for w in wants {
+            if let Into::Add(dst) = w.into {
+                for (d, b) in dst.iter_mut().zip(w.scratch.chunks_exact(4)) {
+                    *d += f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sleeps until UCX has work, a TCP link reports something (a dead peer or our own abort),
+    /// or the deadline. Returns a peer whose control connection closed.
+    fn wait(
+        &self,
+        c: &Call,
+        waiting_on: &[usize],
+        ops: &Pending,
+    ) -> Result<Option<usize>, CollectiveError> {
+        let now = Instant::now();
+        if now >= c.deadline {
+            let peer = waiting_on
+                .first()
+                .copied()
+                .or_else(|| ops.first_peer())
+                .unwrap_or(0);
+            return Err(CollectiveError::Timeout(c.timeout, peer));
+        }
+        let mut fds = vec![libc::pollfd {
+            fd: self.efd,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        let mut peers = vec![usize::MAX];
+        for (p, l) in c.links.iter().enumerate() {
+            if let Some(l) = l {
+                fds.push(libc::pollfd {
+                    fd: l.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                });
+                peers.push(p);
+            }
+        }
+        // SAFETY: live worker.
+        let armed = unsafe { sys::ucp_worker_arm(self.worker) };
+        let wait = if armed == sys::ucs_status_t::UCS_OK {
+            (c.deadline - now)
+                .min(Duration::from_millis(100))
+                .as_millis()
+                .max(1) as i32
+        } else {
+            0
+        };
+        // SAFETY: a valid array of pollfds.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait) };
+        for (f, &p) in fds.iter().zip(&peers).skip(1) {
+            if f.revents != 0 {
+                // Nothing is sent over TCP during a UCX call: readable means closed.
+                return Ok(Some(p));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// Requests in flight; on error they are cancelled and completed before the buffers go away.
+struct Pending<'u> {
+    ucx: &'u Ucx,
+    requests: Vec<Option<(*mut c_void, usize, &'static str)>>,
+}
+
+impl Pending<'_> {
+    fn track(
+        &mut self,
+        req: *mut c_void,
+        peer: usize,
+        what: &'static str,
+    ) -> Result<Option<usize>, CollectiveError> {
+        if let Some(status) = ptr_status(req) {
+            return Err(CollectiveError::PeerFailed {
+                rank: peer,
+                why: format!("UCX {what}: {}", status_text(status)),
+            });
+        }
+        if req.is_null() {
+            return Ok(None);
+        }
+        self.requests.push(Some((req, peer, what)));
+        Ok(Some(self.requests.len() - 1))
+    }
+
+    fn first_peer(&self) -> Option<usize> {
+        self.requests.iter().flatten().map(|r| r.1).next()
+    }
+
+    fn reap(&mut self) -> Result<(), CollectiveError> {
+        for slot in self.requests.iter_mut() {
+            let Some((req, peer, what)) = *slot else {
+                continue;
+            };
+            // SAFETY: a live request of this worker.
+            let status = unsafe { sys::ucp_request_check_status(req) };
+            if status == sys::ucs_status_t::UCS_INPROGRESS {
+                continue;
+            }
+            // SAFETY: completed; freed once.
+            unsafe { sys::ucp_request_free(req) };
+            *slot = None;
+            if status != sys::ucs_status_t::UCS_OK {
+                return Err(CollectiveError::PeerFailed {
+                    rank: peer,
+                    why: format!("UCX {what}: {}", status_text(status)),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Cancels what is still in flight and waits for it, closing the endpoints if cancelling
+    /// is not enough: no request may outlive the buffers it points at.
+    fn cancel(&mut self) {
+        for (req, ..) in self.requests.iter().flatten() {
+            // SAFETY: a live request of this worker.
+            unsafe { sys::ucp_request_cancel(self.ucx.worker, *req) };
+        }
+        let mut closed = false;
+        let start = Instant::now();
+        loop {
+            self.ucx.progress();
+            while self.reap().is_err() {}
+            if self.requests.iter().all(|r| r.is_none()) {
+                return;
+            }
+            if !closed && start.elapsed() > Duration::from_millis(500) {
+                closed = true;
+                self.ucx
+                    .closed
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                for ep in self.ucx.eps.iter().filter(|e| !e.is_null()) {
+                    let p = sys::ucp_request_param_t {
+                        op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS as u32,
+                        flags: sys::UCP_EP_CLOSE_FLAG_FORCE as u32,
+                        ..Default::default()
+                    };
+                    // SAFETY: live endpoint; the group is unusable after this call anyway.
+                    let r = unsafe { sys::ucp_ep_close_nbx(*ep, &p) };
+                    if ptr_status(r).is_none() && !r.is_null() {
+                        // SAFETY: releases our reference; UCX finishes the close itself.
+                        unsafe { sys::ucp_request_free(r) };
+                    }
+                }
+            }
+            if start.elapsed() > Duration::from_secs(10) {
+                eprintln!("cleave-collective: UCX requests still in flight after cancel; aborting the process");
+                std::process::abort();
+            }
+        }
+    }
+}
+
+impl Drop for Ucx {
+    fn drop(&mut self) {
+        let closed = self.closed.load(std::sync::atomic::Ordering::Relaxed);
+        // Messages handed to UCX may not have left yet: close in flush mode so they do
+        // (bounded, the peers may be gone), unless the endpoints were force-closed already.
+        let p = sys::ucp_request_param_t {
+            op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS as u32,
+            flags: 0,
+            ..Default::default()
+        };
+        let mut requests = Vec::new();
+        for ep in self.eps.drain(..).filter(|e| !e.is_null() && !closed) {
+            // SAFETY: live endpoint, closed once.
+            let r = unsafe { sys::ucp_ep_close_nbx(ep, &p) };
+            if ptr_status(r).is_none() && !r.is_null() {
+                requests.push(r);
+            }
+        }
+        let start = Instant::now();
+        // SAFETY: live worker and requests; each request is freed once.
+        unsafe {
+            while start.elapsed() < FLUSH_ON_DROP
+                && requests
+                    .iter()
+                    .any(|&r| sys::ucp_request_check_status(r) == sys::ucs_status_t::UCS_INPROGRESS)
+            {
+                sys::ucp_worker_progress(self.worker);
+            }
+            for r in requests {
+                sys::ucp_request_free(r);
+            }
+            sys::ucp_worker_destroy(self.worker);
+            sys::ucp_cleanup(self.context);
+        }
+    }
+}
