@@ -1,0 +1,8 @@
+//! cleave's Kubernetes operator: the `InferenceService` CRD, a reconciler that renders it into
+//! ConfigMaps, Services, Deployments/StatefulSets/LeaderWorkerSets, and a queue-depth autoscaler.
+
+pub mod crd;
+pub mod render;
+pub mod scale;
+pub mod status;
+pub mod validate;
