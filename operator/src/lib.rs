@@ -6,3 +6,6 @@ pub mod render;
 pub mod scale;
 pub mod status;
 pub mod validate;
+pub mod controller;
+pub mod leader;
+pub mod metrics;
