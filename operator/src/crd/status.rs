@@ -41,8 +41,8 @@ pub struct Condition {
     pub status: String,
     /// One CamelCase word.
     pub reason: String,
-    /// Human-readable detail.
-    #[serde(default)]
+    /// Human-readable detail (omitted when empty: the 1.20 API server reads "" as null).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
     /// When `status` last changed (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
