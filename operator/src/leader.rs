@@ -69,9 +69,7 @@ impl LeaseLock {
         let holder = spec.holder_identity.clone().unwrap_or_default();
         let ours = holder == self.identity;
         let expired = match (&spec.renew_time, spec.lease_duration_seconds) {
-            (Some(MicroTime(t)), Some(d)) => {
-                *t + SignedDuration::from_secs(i64::from(d)) < now
-            }
+            (Some(MicroTime(t)), Some(d)) => *t + SignedDuration::from_secs(i64::from(d)) < now,
             _ => true,
         };
         if !ours && !holder.is_empty() && !expired {
@@ -85,7 +83,11 @@ impl LeaseLock {
         spec.renew_time = Some(MicroTime(now));
         spec.lease_duration_seconds = Some(secs);
         // `replace` carries metadata.resourceVersion: a concurrent writer makes this a 409.
-        match self.api.replace(&self.name, &PostParams::default(), &lease).await {
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
             Ok(_) => Ok(true),
             Err(e) if is_conflict(&e) => Ok(false),
             Err(e) => Err(e),
@@ -103,7 +105,11 @@ impl LeaseLock {
         }
         spec.holder_identity = None;
         spec.renew_time = None;
-        match self.api.replace(&self.name, &PostParams::default(), &lease).await {
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+        {
             Ok(_) => Ok(()),
             Err(e) if is_conflict(&e) => Ok(()),
             Err(e) => Err(e),

@@ -43,7 +43,7 @@ fn check_pool(name: &str, pool: &PoolSpec, f: &mut Findings) {
     }
     let p = &pool.parallelism;
     let ranks = p.tensor * p.expert;
-    if ranks % p.nodes_per_group != 0 {
+    if !ranks.is_multiple_of(p.nodes_per_group) {
         f.errors.push(format!(
             "{name}.parallelism: tensor*expert = {ranks} is not divisible by nodesPerGroup {}",
             p.nodes_per_group

@@ -47,7 +47,11 @@ async fn install_crd(client: &Client) {
     .expect("installing the CRD");
     eventually("the CRD to be established", || async {
         let c = api.get(&crd.name_any()).await.ok()?;
-        let ok = c.status?.conditions?.iter().any(|c| c.type_ == "Established" && c.status == "True");
+        let ok = c
+            .status?
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
         ok.then_some(())
     })
     .await;
@@ -58,12 +62,17 @@ fn replicas(d: &Deployment) -> i32 {
 }
 
 async fn deployment(api: &Api<Deployment>, name: &str) -> Deployment {
-    eventually(&format!("deployment {name}"), || async { api.get(name).await.ok() }).await
+    eventually(&format!("deployment {name}"), || async {
+        api.get(name).await.ok()
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_reconciles_examples_against_a_real_apiserver() {
-    let Some(client) = cleave_testkube::client("operator cluster test").await else { return };
+    let Some(client) = cleave_testkube::client("operator cluster test").await else {
+        return;
+    };
     install_crd(&client).await;
     let ns = cleave_testkube::TestNamespace::create(&client, "op").await;
     let stop = tokio_util::sync::CancellationToken::new();
@@ -97,23 +106,45 @@ async fn operator_reconciles_examples_against_a_real_apiserver() {
     let owner = &decode.metadata.owner_references.as_ref().unwrap()[0];
     assert_eq!(owner.uid, small.uid().unwrap());
     assert_eq!(owner.kind, "InferenceService");
-    let pod = decode.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
-    assert_eq!(pod.containers[0].image.as_deref(), Some("cleave:cluster-test"));
+    let pod = decode
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        pod.containers[0].image.as_deref(),
+        Some("cleave:cluster-test")
+    );
     assert_eq!(
         pod.init_containers.as_ref().unwrap()[0].image.as_deref(),
         Some("ghcr.io/cleave-project/cleave-model-smollm2:0.1.0")
     );
     let cm = cms.get("smollm2-decode").await.unwrap();
     let data = cm.data.unwrap();
-    assert_eq!(data["CLEAVE_MODEL"], "/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert_eq!(
+        data["CLEAVE_MODEL"],
+        "/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    );
     assert_eq!(data["CLEAVE_TRANSPORT"], "tcp");
     let router = deployment(&deps, "smollm2-router").await;
-    let args = router.spec.unwrap().template.spec.unwrap().containers[0].args.clone().unwrap();
-    assert!(args.contains(&"app.kubernetes.io/instance=smollm2".to_string()), "{args:?}");
+    let args = router.spec.unwrap().template.spec.unwrap().containers[0]
+        .args
+        .clone()
+        .unwrap();
+    assert!(
+        args.contains(&"app.kubernetes.io/instance=smollm2".to_string()),
+        "{args:?}"
+    );
     // GPU example: the autoscaled decode pool starts at its minimum.
     assert_eq!(replicas(&deployment(&deps, "llama-8b-decode").await), 2);
     // Multi-node example (no LeaderWorkerSet on this server): one StatefulSet per group.
-    let g0 = eventually("moe group StatefulSet", || async { stss.get("moe-large-decode-g0").await.ok() }).await;
+    let g0 = eventually("moe group StatefulSet", || async {
+        stss.get("moe-large-decode-g0").await.ok()
+    })
+    .await;
     assert_eq!(g0.spec.unwrap().replicas, Some(2));
 
     // Status and printer columns (no kubelet: nothing becomes ready).
@@ -122,13 +153,33 @@ async fn operator_reconciles_examples_against_a_real_apiserver() {
         (s.observed_generation == small.metadata.generation).then_some(s)
     })
     .await;
-    let ready = status.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
-    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "ReplicasNotReady"));
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "ReplicasNotReady")
+    );
     assert_eq!(status.decode.summary, "0/1");
-    assert!(status.router_endpoint.unwrap().starts_with("http://smollm2-router."));
+    assert!(status
+        .router_endpoint
+        .unwrap()
+        .starts_with("http://smollm2-router."));
     if let Some(kubectl) = common::tool("kubectl", "printer columns") {
-        let out = common::run(Command::new(kubectl).args(["get", "inferenceservices", "-n", &ns.name, "-o", "wide"]));
-        let line = out.lines().find(|l| l.starts_with("smollm2")).unwrap_or_else(|| panic!("{out}"));
+        let out = common::run(Command::new(kubectl).args([
+            "get",
+            "inferenceservices",
+            "-n",
+            &ns.name,
+            "-o",
+            "wide",
+        ]));
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("smollm2"))
+            .unwrap_or_else(|| panic!("{out}"));
         for want in ["False", "0/1", "ReplicasNotReady", "smollm2-router"] {
             assert!(line.contains(want), "{want} missing from {out}");
         }
@@ -136,9 +187,13 @@ async fn operator_reconciles_examples_against_a_real_apiserver() {
     }
 
     // A user's edit of a Deployment's replicas is reconciled back to the spec.
-    deps.patch("smollm2-decode", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 5}})))
-        .await
-        .unwrap();
+    deps.patch(
+        "smollm2-decode",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"replicas": 5}})),
+    )
+    .await
+    .unwrap();
     eventually("replicas reconciled back to 1", || async {
         (replicas(&deps.get("smollm2-decode").await.ok()?) == 1).then_some(())
     })
@@ -146,22 +201,43 @@ async fn operator_reconciles_examples_against_a_real_apiserver() {
 
     // Changing replicas and the model rolls the objects.
     let hash = |d: &Deployment| {
-        d.spec.as_ref().unwrap().template.metadata.as_ref().unwrap().annotations.as_ref().unwrap()
-            ["serving.cleave.dev/config-hash"]
+        d.spec
+            .as_ref()
+            .unwrap()
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .annotations
+            .as_ref()
+            .unwrap()["serving.cleave.dev/config-hash"]
             .clone()
     };
     let before = hash(&deps.get("smollm2-decode").await.unwrap());
     let change = json!({"spec": {"decode": {"replicas": 3},
         "model": {"source": {"image": {"image": "models:2", "path": "/m/other.gguf"}}}}});
-    isvcs.patch("smollm2", &PatchParams::default(), &Patch::Merge(change)).await.unwrap();
+    isvcs
+        .patch("smollm2", &PatchParams::default(), &Patch::Merge(change))
+        .await
+        .unwrap();
     let rolled = eventually("decode rolled", || async {
         let d = deps.get("smollm2-decode").await.ok()?;
         (replicas(&d) == 3 && hash(&d) != before).then_some(d)
     })
     .await;
-    let init = &rolled.spec.unwrap().template.spec.unwrap().init_containers.unwrap()[0];
+    let init = &rolled
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .init_containers
+        .unwrap()[0];
     assert_eq!(init.image.as_deref(), Some("models:2"));
-    assert_eq!(cms.get("smollm2-decode").await.unwrap().data.unwrap()["CLEAVE_MODEL"], "/models/other.gguf");
+    assert_eq!(
+        cms.get("smollm2-decode").await.unwrap().data.unwrap()["CLEAVE_MODEL"],
+        "/models/other.gguf"
+    );
 
     // Nonsense the schema can express is a 422 from the API server.
     let mut bad: InferenceService = common::examples().remove(0).1;
@@ -180,7 +256,13 @@ async fn operator_reconciles_examples_against_a_real_apiserver() {
         &ns.name,
         &kube::api::ApiResource::erase::<InferenceService>(&()),
     );
-    match dynamic.create(&PostParams::default(), &serde_json::from_value(bad_kv).unwrap()).await {
+    match dynamic
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(bad_kv).unwrap(),
+        )
+        .await
+    {
         Err(kube::Error::Api(s)) => assert_eq!(s.code, 422, "{s:?}"),
         other => panic!("an unknown kvTransfer backend was not rejected: {other:?}"),
     }
@@ -189,19 +271,37 @@ async fn operator_reconciles_examples_against_a_real_apiserver() {
     inverted.metadata.name = Some("inverted".into());
     inverted.metadata.namespace = Some(ns.name.clone());
     inverted.spec.decode.replicas = None;
-    inverted.spec.decode.autoscaling = Some(cleave_operator::crd::PoolAutoscaling { min_replicas: 5, max_replicas: 3 });
-    isvcs.create(&PostParams::default(), &inverted).await.unwrap();
+    inverted.spec.decode.autoscaling = Some(cleave_operator::crd::PoolAutoscaling {
+        min_replicas: 5,
+        max_replicas: 3,
+    });
+    isvcs
+        .create(&PostParams::default(), &inverted)
+        .await
+        .unwrap();
     let degraded = eventually("inverted bounds reported", || async {
         let s = isvcs.get("inverted").await.ok()?.status?;
-        s.conditions.into_iter().find(|c| c.type_ == "Degraded" && c.status == "True")
+        s.conditions
+            .into_iter()
+            .find(|c| c.type_ == "Degraded" && c.status == "True")
     })
     .await;
     assert_eq!(degraded.reason, "InvalidSpec");
-    assert!(degraded.message.contains("minReplicas 5 > maxReplicas 3"), "{}", degraded.message);
-    assert!(deps.get("inverted-decode").await.is_err(), "nothing is applied for an invalid spec");
+    assert!(
+        degraded.message.contains("minReplicas 5 > maxReplicas 3"),
+        "{}",
+        degraded.message
+    );
+    assert!(
+        deps.get("inverted-decode").await.is_err(),
+        "nothing is applied for an invalid spec"
+    );
 
     // Deleting the resource garbage-collects what it owns (kube-controller-manager's GC).
-    isvcs.delete("smollm2", &DeleteParams::default()).await.unwrap();
+    isvcs
+        .delete("smollm2", &DeleteParams::default())
+        .await
+        .unwrap();
     eventually("garbage collection", || async {
         let gone = deps.get("smollm2-decode").await.is_err()
             && deps.get("smollm2-router").await.is_err()
@@ -217,7 +317,9 @@ async fn operator_reconciles_examples_against_a_real_apiserver() {
 
 #[tokio::test]
 async fn only_one_candidate_holds_the_lease() {
-    let Some(client) = cleave_testkube::client("lease test").await else { return };
+    let Some(client) = cleave_testkube::client("lease test").await else {
+        return;
+    };
     let ns = cleave_testkube::TestNamespace::create(&client, "lease").await;
     let ttl = Duration::from_secs(30);
     let a = LeaseLock::new(client.clone(), &ns.name, "op", "a", ttl);
@@ -233,8 +335,12 @@ async fn only_one_candidate_holds_the_lease() {
 
 #[tokio::test]
 async fn helm_installs_the_chart() {
-    let Some(client) = cleave_testkube::client("helm install").await else { return };
-    let Some(helm) = common::tool("helm", "helm install") else { return };
+    let Some(client) = cleave_testkube::client("helm install").await else {
+        return;
+    };
+    let Some(helm) = common::tool("helm", "helm install") else {
+        return;
+    };
     let ns = cleave_testkube::TestNamespace::create(&client, "chart").await;
     let chart = common::root().join("charts/cleave");
     common::run(

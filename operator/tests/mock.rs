@@ -22,8 +22,10 @@ struct Seen {
 }
 
 fn status_body(code: u16, reason: &str) -> Vec<u8> {
-    serde_json::to_vec(&json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-        "message": format!("mocked {code}"), "reason": reason, "code": code}))
+    serde_json::to_vec(
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+        "message": format!("mocked {code}"), "reason": reason, "code": code}),
+    )
     .unwrap()
 }
 
@@ -59,7 +61,10 @@ fn mock(code: u16) -> (Client, Arc<Mutex<Seen>>) {
                 obj["status"] = body["status"].clone();
                 (200, serde_json::to_vec(&obj).unwrap())
             } else if path.contains("/events") {
-                s.lock().unwrap().event_reasons.push(body["reason"].as_str().unwrap_or("").into());
+                s.lock()
+                    .unwrap()
+                    .event_reasons
+                    .push(body["reason"].as_str().unwrap_or("").into());
                 (201, serde_json::to_vec(&body).unwrap())
             } else if parts.method == http::Method::PATCH {
                 s.lock().unwrap().applies.push(path.clone());
@@ -98,8 +103,17 @@ async fn fails_with(code: u16) {
     assert_eq!(err.code(), Some(code), "{err}");
     assert!(err.to_string().contains("applying owned objects"), "{err}");
     let seen = seen.lock().unwrap();
-    assert_eq!(seen.applies.len(), 1, "stops at the first failed apply: {:?}", seen.applies);
-    assert!(seen.applies[0].contains("/configmaps/"), "{:?}", seen.applies);
+    assert_eq!(
+        seen.applies.len(),
+        1,
+        "stops at the first failed apply: {:?}",
+        seen.applies
+    );
+    assert!(
+        seen.applies[0].contains("/configmaps/"),
+        "{:?}",
+        seen.applies
+    );
     let status = &seen.status_patches.last().expect("status written")["status"];
     let degraded = status["conditions"]
         .as_array()
@@ -109,14 +123,25 @@ async fn fails_with(code: u16) {
         .unwrap();
     assert_eq!(degraded["status"], "True");
     assert_eq!(degraded["reason"], "ReconcileError");
-    assert!(degraded["message"].as_str().unwrap().contains(&format!("mocked {code}")));
-    assert!(seen.event_reasons.iter().any(|r| r == "ReconcileError"), "{:?}", seen.event_reasons);
+    assert!(degraded["message"]
+        .as_str()
+        .unwrap()
+        .contains(&format!("mocked {code}")));
+    assert!(
+        seen.event_reasons.iter().any(|r| r == "ReconcileError"),
+        "{:?}",
+        seen.event_reasons
+    );
     drop(seen);
     // Exponential back-off per object.
-    let delays: Vec<Action> = (0..3).map(|_| error_policy(obj.clone(), &err, ctx.clone())).collect();
+    let delays: Vec<Action> = (0..3)
+        .map(|_| error_policy(obj.clone(), &err, ctx.clone()))
+        .collect();
     assert_eq!(
         delays,
-        [1, 2, 4].map(|s| Action::requeue(Duration::from_secs(s))).to_vec()
+        [1, 2, 4]
+            .map(|s| Action::requeue(Duration::from_secs(s)))
+            .to_vec()
     );
 }
 

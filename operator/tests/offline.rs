@@ -64,7 +64,9 @@ fn examples_are_valid_specs() {
 
 #[test]
 fn chart_lints_and_renders_valid_kubernetes_1_30_objects() {
-    let Some(helm) = common::tool("helm", "chart check") else { return };
+    let Some(helm) = common::tool("helm", "chart check") else {
+        return;
+    };
     let chart = common::root().join("charts/cleave");
     common::run(Command::new(&helm).arg("lint").arg("--strict").arg(&chart));
     let rendered = common::run(
@@ -82,7 +84,9 @@ fn chart_lints_and_renders_valid_kubernetes_1_30_objects() {
     std::fs::write(&chart_file, rendered).unwrap();
     let objects_file = dir.join("rendered.yaml");
     std::fs::write(&objects_file, rendered_examples_yaml()).unwrap();
-    let Some(validator) = common::tool("kubernetes-validate", "chart check") else { return };
+    let Some(validator) = common::tool("kubernetes-validate", "chart check") else {
+        return;
+    };
     let out = common::run(
         Command::new(validator)
             .args(["-k", "1.30.0", "--strict"])

@@ -17,7 +17,8 @@ async fn serve_worker_metrics(waiting: usize) -> String {
     });
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-    let app = axum::Router::new().route("/metrics", axum::routing::get(move || async move { text }));
+    let app =
+        axum::Router::new().route("/metrics", axum::routing::get(move || async move { text }));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });

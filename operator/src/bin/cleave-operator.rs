@@ -30,13 +30,25 @@ enum Cmd {
 #[derive(Debug, clap::Args)]
 struct RunArgs {
     /// Image with the cleave binaries for specs that name none.
-    #[arg(long, env = "CLEAVE_DEFAULT_IMAGE", default_value = "ghcr.io/cleave-project/cleave:0.1.0")]
+    #[arg(
+        long,
+        env = "CLEAVE_DEFAULT_IMAGE",
+        default_value = "ghcr.io/cleave-project/cleave:0.1.0"
+    )]
     default_image: String,
     /// Image of the model download init container (sh, curl, sha256sum).
-    #[arg(long, env = "CLEAVE_FETCH_IMAGE", default_value = "curlimages/curl:8.11.1")]
+    #[arg(
+        long,
+        env = "CLEAVE_FETCH_IMAGE",
+        default_value = "curlimages/curl:8.11.1"
+    )]
     fetch_image: String,
     /// Health and metrics listen address.
-    #[arg(long, env = "CLEAVE_OPERATOR_HTTP_ADDR", default_value = "0.0.0.0:8081")]
+    #[arg(
+        long,
+        env = "CLEAVE_OPERATOR_HTTP_ADDR",
+        default_value = "0.0.0.0:8081"
+    )]
     http_addr: SocketAddr,
     /// Namespace of the leader Lease (default: the pod's namespace, else `default`).
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]

@@ -118,14 +118,24 @@ pub async fn prune(
     let mut deleted = prune_kind(
         Api::<Deployment>::namespaced(client.clone(), ns),
         &selector,
-        &names_of(d.deployments.iter().map(|o| o.metadata.name.clone()).collect()),
+        &names_of(
+            d.deployments
+                .iter()
+                .map(|o| o.metadata.name.clone())
+                .collect(),
+        ),
     )
     .await?;
     deleted.extend(
         prune_kind(
             Api::<StatefulSet>::namespaced(client.clone(), ns),
             &selector,
-            &names_of(d.stateful_sets.iter().map(|o| o.metadata.name.clone()).collect()),
+            &names_of(
+                d.stateful_sets
+                    .iter()
+                    .map(|o| o.metadata.name.clone())
+                    .collect(),
+            ),
         )
         .await?,
     );
@@ -134,7 +144,12 @@ pub async fn prune(
             prune_kind(
                 Api::<DynamicObject>::namespaced_with(client.clone(), ns, &objects::lws_resource()),
                 &selector,
-                &names_of(d.leader_worker_sets.iter().map(|o| o.metadata.name.clone()).collect()),
+                &names_of(
+                    d.leader_worker_sets
+                        .iter()
+                        .map(|o| o.metadata.name.clone())
+                        .collect(),
+                ),
             )
             .await?,
         );

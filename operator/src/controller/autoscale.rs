@@ -34,7 +34,11 @@ async fn pool_groups(
     let policy = &isvc.spec.autoscaling;
     let now = unix_now();
     let key = (
-        format!("{}/{}", isvc.namespace().unwrap_or_default(), isvc.name_any()),
+        format!(
+            "{}/{}",
+            isvc.namespace().unwrap_or_default(),
+            isvc.name_any()
+        ),
         c,
     );
     let due = {
@@ -43,13 +47,19 @@ async fn pool_groups(
             .is_none_or(|(_, at)| now >= at + u64::from(policy.period_seconds))
     };
     if !due {
-        return Ok((current.clamp(bounds.min_replicas, bounds.max_replicas), None));
+        return Ok((
+            current.clamp(bounds.min_replicas, bounds.max_replicas),
+            None,
+        ));
     }
     let ns = isvc.namespace().unwrap_or_default();
     let depth = observe::pool_queue_depth(&ctx.client, &ctx.http, &ns, &isvc.name_any(), c).await?;
     let Some(depth) = depth else {
         // No metrics (no ready worker answered): keep the count, within bounds.
-        return Ok((current.clamp(bounds.min_replicas, bounds.max_replicas), None));
+        return Ok((
+            current.clamp(bounds.min_replicas, bounds.max_replicas),
+            None,
+        ));
     };
     let decision = {
         let mut s = ctx.scaler.lock().unwrap();
@@ -80,7 +90,13 @@ async fn pool_groups(
         reason: decision.reason.clone(),
         time: k8s_openapi::jiff::Timestamp::now().to_string(),
     };
-    let note = format!("{} {} → {}: {}", c.as_str(), current, decision.to, decision.reason);
+    let note = format!(
+        "{} {} → {}: {}",
+        c.as_str(),
+        current,
+        decision.to,
+        decision.reason
+    );
     event(ctx, isvc, EventType::Normal, "Scaled", note).await;
     Ok((decision.to, Some(record)))
 }
@@ -91,7 +107,21 @@ pub async fn groups(
     isvc: &InferenceService,
 ) -> Result<(i32, i32, Option<ScaleDecisionStatus>), kube::Error> {
     let st = isvc.status.as_ref();
-    let (p, pd) = pool_groups(ctx, isvc, Component::Prefill, &isvc.spec.prefill, st.map(|s| &s.prefill)).await?;
-    let (d, dd) = pool_groups(ctx, isvc, Component::Decode, &isvc.spec.decode, st.map(|s| &s.decode)).await?;
+    let (p, pd) = pool_groups(
+        ctx,
+        isvc,
+        Component::Prefill,
+        &isvc.spec.prefill,
+        st.map(|s| &s.prefill),
+    )
+    .await?;
+    let (d, dd) = pool_groups(
+        ctx,
+        isvc,
+        Component::Decode,
+        &isvc.spec.decode,
+        st.map(|s| &s.decode),
+    )
+    .await?;
     Ok((p, d, dd.or(pd)))
 }

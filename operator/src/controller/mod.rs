@@ -36,6 +36,9 @@ pub struct Settings {
     pub fetch_image: String,
 }
 
+/// Recent recommendations of one pool and the unix time of its last decision.
+type ScalerMemory = (Vec<Recommendation>, u64);
+
 /// Shared reconciler state.
 pub struct Ctx {
     /// API client.
@@ -45,7 +48,7 @@ pub struct Ctx {
     recorder: Recorder,
     failures: Mutex<HashMap<String, u32>>,
     /// Per (object, pool): recent recommendations and the time of the last decision.
-    scaler: Mutex<HashMap<(String, Component), (Vec<Recommendation>, u64)>>,
+    scaler: Mutex<HashMap<(String, Component), ScalerMemory>>,
     http: reqwest::Client,
     /// Counters for /metrics.
     pub metrics: OperatorMetrics,
@@ -98,7 +101,11 @@ impl Error {
 }
 
 fn key(isvc: &InferenceService) -> String {
-    format!("{}/{}", isvc.namespace().unwrap_or_default(), isvc.name_any())
+    format!(
+        "{}/{}",
+        isvc.namespace().unwrap_or_default(),
+        isvc.name_any()
+    )
 }
 
 async fn event(ctx: &Ctx, isvc: &InferenceService, type_: EventType, reason: &str, note: String) {
@@ -170,8 +177,9 @@ pub async fn reconcile(isvc: Arc<InferenceService>, ctx: Arc<Ctx>) -> Result<Act
         return Ok(Action::requeue(Duration::from_secs(300)));
     }
     let lws_available = observe::lws_available(&ctx.client).await;
-    let (prefill_groups, decode_groups, last_scale) =
-        autoscale::groups(&ctx, &isvc).await.map_err(|source| Error::Kube {
+    let (prefill_groups, decode_groups, last_scale) = autoscale::groups(&ctx, &isvc)
+        .await
+        .map_err(|source| Error::Kube {
             stage: "reading pods for autoscaling",
             source,
         })?;
@@ -214,15 +222,22 @@ pub async fn reconcile(isvc: Arc<InferenceService>, ctx: Arc<Ctx>) -> Result<Act
         let note = format!("deleted {}", pruned.join(", "));
         event(&ctx, &isvc, EventType::Normal, "Pruned", note).await;
     }
-    obs.prefill = (observe::ready_groups(&applied, &name, Component::Prefill), prefill_groups);
-    obs.decode = (observe::ready_groups(&applied, &name, Component::Decode), decode_groups);
+    obs.prefill = (
+        observe::ready_groups(&applied, &name, Component::Prefill),
+        prefill_groups,
+    );
+    obs.decode = (
+        observe::ready_groups(&applied, &name, Component::Decode),
+        decode_groups,
+    );
     obs.router = (
         observe::ready_groups(&applied, &name, Component::Router),
         isvc.spec.router.replicas,
     );
     write_status(&ctx, &isvc, &obs).await?;
     ctx.failures.lock().unwrap().remove(&key(&isvc));
-    let autoscaled = isvc.spec.prefill.autoscaling.is_some() || isvc.spec.decode.autoscaling.is_some();
+    let autoscaled =
+        isvc.spec.prefill.autoscaling.is_some() || isvc.spec.decode.autoscaling.is_some();
     let period = if autoscaled {
         u64::from(isvc.spec.autoscaling.period_seconds)
     } else {
@@ -248,10 +263,14 @@ pub fn error_policy(isvc: Arc<InferenceService>, err: &Error, ctx: Arc<Ctx>) -> 
 }
 
 /// Runs the controller until `shutdown` resolves.
-pub async fn run(ctx: Arc<Ctx>, shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
+pub async fn run(
+    ctx: Arc<Ctx>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
     let client = ctx.client.clone();
     let wc = watcher::Config::default();
-    let owned = watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={MANAGER}"));
+    let owned =
+        watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={MANAGER}"));
     Controller::new(Api::<InferenceService>::all(client.clone()), wc)
         .owns(Api::<Deployment>::all(client.clone()), owned.clone())
         .owns(Api::<StatefulSet>::all(client.clone()), owned.clone())

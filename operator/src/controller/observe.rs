@@ -30,7 +30,11 @@ pub fn ready_groups(applied: &Applied, name: &str, c: Component) -> i32 {
         .iter()
         .find(|d| d.metadata.name.as_deref() == Some(&workload))
     {
-        return d.status.as_ref().and_then(|s| s.ready_replicas).unwrap_or(0);
+        return d
+            .status
+            .as_ref()
+            .and_then(|s| s.ready_replicas)
+            .unwrap_or(0);
     }
     if let Some(l) = applied
         .leader_worker_sets
@@ -43,10 +47,19 @@ pub fn ready_groups(applied: &Applied, name: &str, c: Component) -> i32 {
     applied
         .stateful_sets
         .iter()
-        .filter(|s| s.metadata.name.as_deref().is_some_and(|n| n.starts_with(&prefix)))
+        .filter(|s| {
+            s.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(&prefix))
+        })
         .filter(|s| {
             let want = s.spec.as_ref().and_then(|x| x.replicas).unwrap_or(1);
-            let ready = s.status.as_ref().and_then(|x| x.ready_replicas).unwrap_or(0);
+            let ready = s
+                .status
+                .as_ref()
+                .and_then(|x| x.ready_replicas)
+                .unwrap_or(0);
             ready >= want
         })
         .count() as i32

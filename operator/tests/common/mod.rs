@@ -22,8 +22,7 @@ pub fn examples() -> Vec<(String, InferenceService)> {
     paths.sort();
     for p in paths {
         let text = std::fs::read_to_string(&p).unwrap();
-        let isvc: InferenceService = serde_yaml::from_str(&text)
-            .unwrap_or_unwrap(&p);
+        let isvc: InferenceService = serde_yaml::from_str(&text).unwrap_or_unwrap(&p);
         out.push((p.file_name().unwrap().to_string_lossy().into_owned(), isvc));
     }
     out
@@ -56,7 +55,9 @@ pub fn tool(name: &str, test: &str) -> Option<PathBuf> {
     if let Some(p) = dirs.into_iter().map(|d| d.join(name)).find(|p| p.is_file()) {
         return Some(p);
     }
-    let why = format!("{test}: {name} not found (PATH or the kube cache; run scripts/kube-cluster build)");
+    let why = format!(
+        "{test}: {name} not found (PATH or the kube cache; run scripts/kube-cluster build)"
+    );
     if std::env::var("CLEAVE_REQUIRE_CLUSTER").as_deref() == Ok("1") {
         panic!("{why}");
     }
@@ -66,7 +67,9 @@ pub fn tool(name: &str, test: &str) -> Option<PathBuf> {
 
 /// Runs a command, panicking with its output when it fails; returns stdout.
 pub fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
     assert!(
         out.status.success(),
         "{cmd:?} failed:\n{}\n{}",
