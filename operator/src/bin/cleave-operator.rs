@@ -11,7 +11,11 @@ use cleave_operator::metrics::{self, OperatorMetrics};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
-#[command(version, about = "cleave operator: InferenceService controller")]
+#[command(
+    version,
+    about = "cleave operator: InferenceService controller",
+    args_conflicts_with_subcommands = true
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Cmd>,
@@ -23,8 +27,8 @@ struct Cli {
 enum Cmd {
     /// Print the InferenceService CRD (YAML).
     Crd,
-    /// Run the controller (the default).
-    Run,
+    /// Run the controller (the default; the flags may also come without `run`).
+    Run(RunArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -136,7 +140,11 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(cli.run)) {
+    let args = match cli.command {
+        Some(Cmd::Run(args)) => args,
+        _ => cli.run,
+    };
+    match rt.block_on(run(args)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
