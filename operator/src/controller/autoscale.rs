@@ -1,0 +1,127 @@
+//! Group counts per pool: the spec's replicas, or the autoscaler's decision recorded in status
+//! (the InferenceService is the source of truth; workloads are always applied with it).
+
+use kube::ResourceExt;
+
+use super::{event, observe, Ctx};
+use crate::crd::{InferenceService, PoolSpec, PoolStatus, ScaleDecisionStatus};
+use crate::render::fixed_groups;
+use crate::render::names::Component;
+use crate::scale::{decide, prune, ScaleInput};
+use kube::runtime::events::EventType;
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+async fn pool_groups(
+    ctx: &Ctx,
+    isvc: &InferenceService,
+    c: Component,
+    pool: &PoolSpec,
+    last: Option<&PoolStatus>,
+) -> Result<(i32, Option<ScaleDecisionStatus>), kube::Error> {
+    let Some(bounds) = &pool.autoscaling else {
+        return Ok((fixed_groups(pool), None));
+    };
+    let current = last
+        .filter(|s| s.desired > 0 || bounds.min_replicas == 0)
+        .map(|s| s.desired)
+        .unwrap_or(bounds.min_replicas);
+    let policy = &isvc.spec.autoscaling;
+    let now = unix_now();
+    let key = (
+        format!(
+            "{}/{}",
+            isvc.namespace().unwrap_or_default(),
+            isvc.name_any()
+        ),
+        c,
+    );
+    let due = {
+        let s = ctx.scaler.lock().unwrap();
+        s.get(&key)
+            .is_none_or(|(_, at)| now >= at + u64::from(policy.period_seconds))
+    };
+    if !due {
+        return Ok((
+            current.clamp(bounds.min_replicas, bounds.max_replicas),
+            None,
+        ));
+    }
+    let ns = isvc.namespace().unwrap_or_default();
+    let depth = observe::pool_queue_depth(&ctx.client, &ctx.http, &ns, &isvc.name_any(), c).await?;
+    let Some(depth) = depth else {
+        // No metrics (no ready worker answered): keep the count, within bounds.
+        return Ok((
+            current.clamp(bounds.min_replicas, bounds.max_replicas),
+            None,
+        ));
+    };
+    let decision = {
+        let mut s = ctx.scaler.lock().unwrap();
+        let entry = s.entry(key).or_default();
+        prune(&mut entry.0, policy, now);
+        let d = decide(&ScaleInput {
+            current,
+            min: bounds.min_replicas,
+            max: bounds.max_replicas,
+            queue_depth: depth,
+            policy,
+            history: &entry.0,
+            now,
+        });
+        entry.0.push((now, d.recommended));
+        entry.1 = now;
+        d
+    };
+    if decision.to == current {
+        return Ok((current, None));
+    }
+    ctx.metrics.scale_decisions.inc();
+    let record = ScaleDecisionStatus {
+        pool: c.as_str().into(),
+        from: current,
+        to: decision.to,
+        queue_depth: depth,
+        reason: decision.reason.clone(),
+        time: k8s_openapi::jiff::Timestamp::now().to_string(),
+    };
+    let note = format!(
+        "{} {} → {}: {}",
+        c.as_str(),
+        current,
+        decision.to,
+        decision.reason
+    );
+    event(ctx, isvc, EventType::Normal, "Scaled", note).await;
+    Ok((decision.to, Some(record)))
+}
+
+/// (prefill groups, decode groups, a new scale decision if one was made).
+pub async fn groups(
+    ctx: &Ctx,
+    isvc: &InferenceService,
+) -> Result<(i32, i32, Option<ScaleDecisionStatus>), kube::Error> {
+    let st = isvc.status.as_ref();
+    let (p, pd) = pool_groups(
+        ctx,
+        isvc,
+        Component::Prefill,
+        &isvc.spec.prefill,
+        st.map(|s| &s.prefill),
+    )
+    .await?;
+    let (d, dd) = pool_groups(
+        ctx,
+        isvc,
+        Component::Decode,
+        &isvc.spec.decode,
+        st.map(|s| &s.decode),
+    )
+    .await?;
+    Ok((p, d, dd.or(pd)))
+}

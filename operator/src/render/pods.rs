@@ -1,0 +1,227 @@
+//! Pod templates of workers and routers.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMapEnvSource, Container, ContainerPort, EnvFromSource, HTTPGetAction,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SecretVolumeSource, SecurityContext,
+    Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::model::ModelMount;
+use super::names::{self, Component};
+use crate::crd::{InferenceService, PoolSpec};
+
+/// The worker's gRPC port (named `grpc`, per the discovery contract).
+pub const GRPC_PORT: i32 = 50051;
+/// The worker's HTTP port (`/health`, `/ready`, `/metrics`).
+pub const WORKER_HTTP_PORT: i32 = 8080;
+/// The router's HTTP port (OpenAI API and `/metrics`).
+pub const ROUTER_HTTP_PORT: i32 = 8000;
+/// Non-root uid the images run as.
+pub const RUN_AS: i64 = 65532;
+/// Where the router's API-key file is mounted.
+pub const API_KEYS_DIR: &str = "/etc/cleave/api-keys";
+/// Annotation carrying the hash of the pod's ConfigMap, so config changes roll pods.
+pub const CONFIG_HASH: &str = "serving.cleave.dev/config-hash";
+
+fn port(name: &str, n: i32) -> ContainerPort {
+    ContainerPort {
+        name: Some(name.into()),
+        container_port: n,
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    }
+}
+
+fn probe(path: &str, port: &str, period: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String(port.into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold: Some(3),
+        ..Default::default()
+    }
+}
+
+/// Container hardening shared by every container the operator creates.
+pub fn container_security() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn pod_security() -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(RUN_AS),
+        run_as_group: Some(RUN_AS),
+        fs_group: Some(RUN_AS),
+        ..Default::default()
+    }
+}
+
+fn env_from(config_map: String) -> Option<Vec<EnvFromSource>> {
+    Some(vec![EnvFromSource {
+        config_map_ref: Some(ConfigMapEnvSource {
+            name: config_map,
+            optional: Some(false),
+        }),
+        ..Default::default()
+    }])
+}
+
+fn with_init(model: &ModelMount) -> Option<Vec<Container>> {
+    let init = model.init.clone()?;
+    Some(vec![Container {
+        security_context: Some(container_security()),
+        ..init
+    }])
+}
+
+/// A worker pod template for `component` (prefill or decode).
+pub fn worker_template(
+    isvc: &InferenceService,
+    component: Component,
+    pool: &PoolSpec,
+    image: &str,
+    model: &ModelMount,
+    config_hash: &str,
+    extra_labels: BTreeMap<String, String>,
+) -> PodTemplateSpec {
+    let name = isvc.metadata.name.clone().unwrap_or_default();
+    let mut labels = names::pod_labels(&name, component);
+    labels.extend(extra_labels);
+    let p = &pool.parallelism;
+    let annotations = BTreeMap::from([
+        (CONFIG_HASH.to_string(), config_hash.to_string()),
+        (
+            "serving.cleave.dev/parallelism".to_string(),
+            format!(
+                "tensor={},expert={},nodesPerGroup={}",
+                p.tensor, p.expert, p.nodes_per_group
+            ),
+        ),
+    ]);
+    let container = Container {
+        name: "worker".into(),
+        image: Some(image.into()),
+        command: Some(vec![component.binary().into()]),
+        env_from: env_from(names::config_map(&name, component)),
+        env: (!pool.env.is_empty()).then(|| pool.env.clone()),
+        ports: Some(vec![
+            port("grpc", GRPC_PORT),
+            port("http", WORKER_HTTP_PORT),
+        ]),
+        readiness_probe: Some(probe("/ready", "http", 5)),
+        liveness_probe: Some(Probe {
+            initial_delay_seconds: Some(30),
+            ..probe("/health", "http", 10)
+        }),
+        resources: pool.resources.clone(),
+        volume_mounts: Some(vec![model.mount.clone()]),
+        security_context: Some(container_security()),
+        ..Default::default()
+    };
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(labels),
+            annotations: Some(annotations),
+            ..Default::default()
+        }),
+        spec: Some(PodSpec {
+            init_containers: with_init(model),
+            containers: vec![container],
+            volumes: Some(vec![model.volume.clone()]),
+            node_selector: (!pool.node_selector.is_empty()).then(|| pool.node_selector.clone()),
+            tolerations: (!pool.tolerations.is_empty()).then(|| pool.tolerations.clone()),
+            security_context: Some(pod_security()),
+            automount_service_account_token: Some(false),
+            ..Default::default()
+        }),
+    }
+}
+
+/// The router pod template; its args are the discovery flags of the kube contract.
+pub fn router_template(
+    isvc: &InferenceService,
+    image: &str,
+    model: &ModelMount,
+    config_hash: &str,
+) -> PodTemplateSpec {
+    let name = isvc.metadata.name.clone().unwrap_or_default();
+    let ns = isvc.metadata.namespace.clone().unwrap_or_default();
+    let spec = &isvc.spec.router;
+    let mut mounts = vec![model.mount.clone()];
+    let mut volumes = vec![model.volume.clone()];
+    if let Some(secret) = &spec.api_key_secret {
+        volumes.push(Volume {
+            name: "api-keys".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret.name.clone()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount {
+            name: "api-keys".into(),
+            mount_path: API_KEYS_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
+    let container = Container {
+        name: "router".into(),
+        image: Some(image.into()),
+        command: Some(vec!["cleave-router".into()]),
+        args: Some(vec![
+            "--discovery".into(),
+            "kubernetes".into(),
+            "--kube-namespace".into(),
+            ns,
+            "--kube-selector".into(),
+            names::instance_selector(&name),
+        ]),
+        env_from: env_from(names::config_map(&name, Component::Router)),
+        ports: Some(vec![port("http", ROUTER_HTTP_PORT)]),
+        readiness_probe: Some(probe("/ready", "http", 5)),
+        liveness_probe: Some(Probe {
+            initial_delay_seconds: Some(15),
+            ..probe("/health", "http", 10)
+        }),
+        resources: spec.resources.clone(),
+        volume_mounts: Some(mounts),
+        security_context: Some(container_security()),
+        ..Default::default()
+    };
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(names::pod_labels(&name, Component::Router)),
+            annotations: Some(BTreeMap::from([(
+                CONFIG_HASH.to_string(),
+                config_hash.to_string(),
+            )])),
+            ..Default::default()
+        }),
+        spec: Some(PodSpec {
+            service_account_name: Some(names::router_account(&name)),
+            init_containers: with_init(model),
+            containers: vec![container],
+            volumes: Some(volumes),
+            security_context: Some(pod_security()),
+            ..Default::default()
+        }),
+    }
+}

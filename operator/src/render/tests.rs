@@ -1,0 +1,231 @@
+use kube::api::ObjectMeta;
+
+use super::*;
+use crate::crd::{InferenceServiceSpec, Parallelism, PathSource, SecretKeyRef};
+
+fn isvc(spec: InferenceServiceSpec) -> InferenceService {
+    let mut i = InferenceService::new("chat", spec);
+    i.metadata = ObjectMeta {
+        name: Some("chat".into()),
+        namespace: Some("ml".into()),
+        uid: Some("uid-1".into()),
+        ..Default::default()
+    };
+    i
+}
+
+fn spec() -> InferenceServiceSpec {
+    let mut s = InferenceServiceSpec::default();
+    s.model.source.path = Some(PathSource {
+        claim_name: Some("weights".into()),
+        path: "m.gguf".into(),
+    });
+    s.prefill.replicas = Some(2);
+    s.decode.replicas = Some(3);
+    s
+}
+
+fn inputs() -> Inputs {
+    Inputs {
+        default_image: "cleave:dev".into(),
+        fetch_image: "curl".into(),
+        lws_available: false,
+        prefill_groups: 2,
+        decode_groups: 3,
+    }
+}
+
+fn deployment<'a>(d: &'a Desired, name: &str) -> &'a Deployment {
+    d.deployments
+        .iter()
+        .find(|x| x.metadata.name.as_deref() == Some(name))
+        .unwrap_or_else(|| panic!("no deployment {name}"))
+}
+
+#[test]
+fn single_node_pools_become_deployments_with_contract_labels() {
+    let d = desired(&isvc(spec()), &inputs()).unwrap();
+    assert_eq!(d.deployments.len(), 3);
+    let dec = deployment(&d, "chat-decode");
+    let ds = dec.spec.as_ref().unwrap();
+    assert_eq!(ds.replicas, Some(3));
+    let pod = ds
+        .template
+        .metadata
+        .as_ref()
+        .unwrap()
+        .labels
+        .as_ref()
+        .unwrap();
+    assert_eq!(pod["serving.cleave.dev/pool"], "decode");
+    assert_eq!(pod["app.kubernetes.io/instance"], "chat");
+    assert_eq!(pod["app.kubernetes.io/managed-by"], "cleave-operator");
+    let c = &ds.template.spec.as_ref().unwrap().containers[0];
+    assert_eq!(c.image.as_deref(), Some("cleave:dev"));
+    assert_eq!(c.command.as_ref().unwrap()[0], "cleave-decode");
+    let ports = c.ports.as_ref().unwrap();
+    assert!(ports
+        .iter()
+        .any(|p| p.name.as_deref() == Some("grpc") && p.container_port == 50051));
+    let owner = &dec.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.uid.as_str(), owner.controller),
+        ("uid-1", Some(true))
+    );
+    assert_eq!(
+        deployment(&d, "chat-prefill")
+            .spec
+            .as_ref()
+            .unwrap()
+            .replicas,
+        Some(2)
+    );
+    // Every object is owned (so deletion garbage-collects it).
+    let all_owned = d
+        .services
+        .iter()
+        .all(|s| s.metadata.owner_references.is_some())
+        && d.config_maps
+            .iter()
+            .all(|s| s.metadata.owner_references.is_some());
+    assert!(all_owned);
+    assert_eq!(d.services.len(), 3);
+    let headless = d
+        .services
+        .iter()
+        .find(|s| s.metadata.name.as_deref() == Some("chat-decode"));
+    assert_eq!(
+        headless
+            .unwrap()
+            .spec
+            .as_ref()
+            .unwrap()
+            .cluster_ip
+            .as_deref(),
+        Some("None")
+    );
+}
+
+#[test]
+fn config_maps_hold_the_binaries_settings() {
+    let mut s = spec();
+    s.decode.kv_blocks = Some(128);
+    s.router.api_key_secret = Some(SecretKeyRef {
+        name: "keys".into(),
+        key: "list".into(),
+    });
+    let d = desired(&isvc(s), &inputs()).unwrap();
+    let cm = |n: &str| {
+        d.config_maps
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(n))
+            .unwrap()
+            .data
+            .clone()
+            .unwrap()
+    };
+    let dec = cm("chat-decode");
+    assert_eq!(dec["CLEAVE_MODEL"], "/models/m.gguf");
+    assert_eq!(dec["CLEAVE_KV_BLOCKS"], "128");
+    assert_eq!(dec["CLEAVE_GRPC_ADDR"], "0.0.0.0:50051");
+    assert!(!cm("chat-prefill").contains_key("CLEAVE_KV_BLOCKS"));
+    let router = cm("chat-router");
+    assert_eq!(router["CLEAVE_POLICY"], "prefix-load");
+    assert_eq!(router["CLEAVE_API_KEYS_FILE"], "/etc/cleave/api-keys/list");
+    let r = deployment(&d, "chat-router");
+    let args = r
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers[0]
+        .args
+        .clone()
+        .unwrap();
+    assert_eq!(
+        args,
+        [
+            "--discovery",
+            "kubernetes",
+            "--kube-namespace",
+            "ml",
+            "--kube-selector",
+            "app.kubernetes.io/instance=chat"
+        ]
+    );
+}
+
+#[test]
+fn model_changes_roll_pods_through_the_config_hash() {
+    let hash = |s: InferenceServiceSpec| {
+        let d = desired(&isvc(s), &inputs()).unwrap();
+        deployment(&d, "chat-decode")
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .annotations
+            .as_ref()
+            .unwrap()[pods::CONFIG_HASH]
+            .clone()
+    };
+    let a = hash(spec());
+    let mut other = spec();
+    other.model.source.path.as_mut().unwrap().path = "other.gguf".into();
+    assert_ne!(a, hash(other));
+    assert_eq!(a, hash(spec()), "rendering is deterministic");
+}
+
+#[test]
+fn multi_node_groups_use_leader_worker_sets_or_stateful_sets() {
+    let mut s = spec();
+    s.decode.parallelism = Parallelism {
+        tensor: 8,
+        expert: 2,
+        nodes_per_group: 2,
+    };
+    let d = desired(&isvc(s.clone()), &inputs()).unwrap();
+    assert_eq!(d.stateful_sets.len(), 3, "one StatefulSet per decode group");
+    let g1 = &d.stateful_sets[1];
+    assert_eq!(g1.metadata.name.as_deref(), Some("chat-decode-g1"));
+    let gs = g1.spec.as_ref().unwrap();
+    assert_eq!(gs.replicas, Some(2));
+    assert_eq!(gs.pod_management_policy.as_deref(), Some("Parallel"));
+    assert_eq!(
+        gs.selector.match_labels.as_ref().unwrap()[names::GROUP],
+        "1"
+    );
+    assert!(d
+        .deployments
+        .iter()
+        .all(|x| x.metadata.name.as_deref() != Some("chat-decode")));
+
+    let with_lws = Inputs {
+        lws_available: true,
+        ..inputs()
+    };
+    let d = desired(&isvc(s), &with_lws).unwrap();
+    assert!(d.stateful_sets.is_empty());
+    let lws = &d.leader_worker_sets[0];
+    assert_eq!(lws.data["spec"]["replicas"], 3);
+    assert_eq!(lws.data["spec"]["leaderWorkerTemplate"]["size"], 2);
+    assert_eq!(lws.types.as_ref().unwrap().kind, "LeaderWorkerSet");
+}
+
+#[test]
+fn unrenderable_specs_are_errors_not_panics() {
+    let mut s = spec();
+    s.model.source.path = None;
+    assert!(desired(&isvc(s), &inputs())
+        .unwrap_err()
+        .contains("exactly one"));
+    let mut no_uid = isvc(spec());
+    no_uid.metadata.uid = None;
+    assert!(desired(&no_uid, &inputs()).unwrap_err().contains("uid"));
+}

@@ -1,0 +1,80 @@
+//! Shared by the operator's integration tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use cleave_operator::crd::InferenceService;
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The example specs.
+pub fn examples() -> Vec<(String, InferenceService)> {
+    let mut out = Vec::new();
+    let mut paths: Vec<_> = std::fs::read_dir(root().join("examples"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    paths.sort();
+    for p in paths {
+        let text = std::fs::read_to_string(&p).unwrap();
+        let isvc: InferenceService = serde_yaml::from_str(&text).unwrap_or_unwrap(&p);
+        out.push((p.file_name().unwrap().to_string_lossy().into_owned(), isvc));
+    }
+    out
+}
+
+trait UnwrapOr<T> {
+    fn unwrap_or_unwrap(self, p: &Path) -> T;
+}
+impl<T> UnwrapOr<T> for Result<T, serde_yaml::Error> {
+    fn unwrap_or_unwrap(self, p: &Path) -> T {
+        self.unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    }
+}
+
+/// A tool from PATH or the kube cache (scripts/kube-cluster build puts kubectl and helm there);
+/// `None` after printing why (a failure when CLEAVE_REQUIRE_CLUSTER=1).
+pub fn tool(name: &str, test: &str) -> Option<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    let cache = std::env::var_os("CLEAVE_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/cleave")));
+    if let Some(bin) = cache.map(|c| c.join("kube/bin")) {
+        if let Ok(rd) = std::fs::read_dir(&bin) {
+            dirs.extend(rd.flatten().map(|e| e.path()));
+        }
+        dirs.push(bin);
+    }
+    if let Some(p) = dirs.into_iter().map(|d| d.join(name)).find(|p| p.is_file()) {
+        return Some(p);
+    }
+    let why = format!(
+        "{test}: {name} not found (PATH or the kube cache; run scripts/kube-cluster build)"
+    );
+    if std::env::var("CLEAVE_REQUIRE_CLUSTER").as_deref() == Ok("1") {
+        panic!("{why}");
+    }
+    eprintln!("skipping {why}");
+    None
+}
+
+/// Runs a command, panicking with its output when it fails; returns stdout.
+pub fn run(cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("running {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
