@@ -12,6 +12,7 @@ use crate::model::{Logits, Model, SeqChunk, Workspace};
 use crate::schedule::{Planned, PrefillMode, Scheduler, SeqId, Sequence};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
+use super::group::{encode_control, encode_step, GroupLink};
 use super::stop::StopMatcher;
 use super::{
     BlockLease, Command, EngineConfig, EngineStats, FinishReason, SeqEvent, Shared, Usage,
@@ -42,6 +43,10 @@ pub(super) struct Worker {
     held: HashMap<SeqId, Vec<BlockId>>,
     /// For leases to send their release.
     tx: mpsc::Sender<Command>,
+    /// The other ranks of this worker's group (this thread is the leader), if any.
+    group: Option<GroupLink>,
+    /// The step message being broadcast (reused).
+    msg: Vec<u8>,
 }
 
 impl Worker {
@@ -52,6 +57,7 @@ impl Worker {
         cache: KvCache,
         shared: Arc<Shared>,
         tx: mpsc::Sender<Command>,
+        group: Option<GroupLink>,
     ) -> Self {
         let ctx = config.max_model_len.unwrap_or(model.config.context_length);
         let limit = ctx.min(cache.num_blocks() * config.scheduler.block_size);
@@ -71,6 +77,8 @@ impl Worker {
             stats: EngineStats::default(),
             held: HashMap::new(),
             tx,
+            group: group.filter(|g| g.collective.world() > 1),
+            msg: Vec::new(),
         };
         w.publish();
         w
@@ -79,13 +87,23 @@ impl Worker {
     pub(super) fn run(mut self, rx: mpsc::Receiver<Command>) {
         loop {
             if self.sched.is_idle() {
-                match rx.recv() {
+                let next = match &self.group {
+                    None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+                    Some(g) => rx.recv_timeout(g.heartbeat),
+                };
+                match next {
                     Ok(c) => {
                         if !self.handle(c) {
                             return self.shutdown();
                         }
                     }
-                    Err(_) => return self.shutdown(),
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        if let Err(e) = self.heartbeat() {
+                            return self.fail(e);
+                        }
+                        continue;
+                    }
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return self.shutdown(),
                 }
             }
             loop {
@@ -101,9 +119,7 @@ impl Worker {
             }
             if !self.sched.is_idle() {
                 if let Err(e) = self.step() {
-                    tracing::error!(error = %e, "engine step failed; the engine stops");
-                    self.stats.failed = true;
-                    return self.shutdown_with(FinishReason::Aborted);
+                    return self.fail(e);
                 }
             }
             self.publish();
@@ -197,8 +213,32 @@ impl Worker {
         true
     }
 
-    fn shutdown(self) {
+    fn shutdown(mut self) {
+        if let Some(g) = &self.group {
+            // Followers end their loop; if one is already gone there is nothing more to do.
+            encode_control(true, &mut self.msg);
+            if let Err(e) = g.collective.broadcast(0, &mut self.msg) {
+                tracing::warn!(error = %e, "could not stop the group's followers");
+            }
+        }
         self.shutdown_with(FinishReason::Cancelled)
+    }
+
+    /// A step or heartbeat failed: a rank of the group is gone, the engine stops for good.
+    fn fail(mut self, e: CollectiveError) {
+        tracing::error!(error = %e, "engine step failed; the engine stops");
+        self.stats.failed = true;
+        self.shutdown_with(FinishReason::Aborted)
+    }
+
+    /// Idle leader: every rank must still answer.
+    fn heartbeat(&mut self) -> Result<(), CollectiveError> {
+        let Some(g) = &self.group else {
+            return Ok(());
+        };
+        encode_control(false, &mut self.msg);
+        g.collective.broadcast(0, &mut self.msg)?;
+        g.collective.barrier()
     }
 
     /// Ends every request with `reason`, frees all blocks and publishes the final state.
@@ -262,6 +302,10 @@ impl Worker {
                 }
             })
             .collect();
+        if let Some(g) = &self.group {
+            encode_step(&chunks, self.sched.config.block_size, &mut self.msg);
+            g.collective.broadcast(0, &mut self.msg)?;
+        }
         self.model.forward(&chunks, &mut self.cache, &mut self.ws)?;
         self.sched.computed(&plan);
         self.stats.steps += 1;
