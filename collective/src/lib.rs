@@ -1,0 +1,113 @@
+//! Collectives for a group of processes: the multi-rank implementation of the engine's
+//! [`Collective`](cleave_engine::collective::Collective) trait.
+//!
+//! [`NetGroup::connect`] forms the group (rank 0 listens at the leader address; the others
+//! rendezvous there and then connect to each other, one TCP connection per pair of ranks). Every
+//! collective is a blocking call with a deadline; any failure (a peer's connection closing, a
+//! timeout, mismatched calls) aborts the group on this rank, which closes its connections, so
+//! the failure reaches every other rank promptly instead of leaving it waiting.
+//!
+//! Algorithms: ring all-reduce (reduce-scatter, then all-gather; each element's sum is computed
+//! once, so every rank ends bit-identical), direct exchange for small all-reduce and
+//! all-gather (one round trip), ring all-gather for large ones, all-pairs all-to-all(v),
+//! binomial-tree broadcast, and a one-round barrier. See docs/collectives.md.
+
+mod connect;
+mod group;
+mod ops;
+mod wire;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+pub use connect::Pending;
+pub use group::NetGroup;
+
+/// How ranks talk to each other.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Transport {
+    /// One TCP connection per pair of ranks (TCP_NODELAY).
+    #[default]
+    Tcp,
+    /// UCX. Not implemented for collectives yet: [`NetGroup::connect`] refuses it.
+    Ucx,
+}
+
+impl std::str::FromStr for Transport {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "tcp" => Ok(Transport::Tcp),
+            "ucx" => Ok(Transport::Ucx),
+            other => Err(format!("unknown transport {other:?} (tcp or ucx)")),
+        }
+    }
+}
+
+/// Who this rank is and how to reach the group.
+#[derive(Clone, Debug)]
+pub struct GroupConfig {
+    /// This rank, `0..world`.
+    pub rank: usize,
+    /// Ranks in the group.
+    pub world: usize,
+    /// `host:port` of rank 0's rendezvous listener.
+    pub leader_addr: String,
+    /// Where this rank listens. Default: rank 0 every interface at the leader address's port,
+    /// others every interface at an ephemeral port.
+    pub bind_addr: Option<SocketAddr>,
+    /// Host name or IP the other ranks use to reach this one. Default: the bind IP when it is a
+    /// specific one, else the local IP of the connection to the leader.
+    pub advertise_host: Option<String>,
+    /// Transport between ranks.
+    pub transport: Transport,
+    /// Deadline of each collective call.
+    pub timeout: Duration,
+    /// How long forming the group may take (waiting for the leader and the other ranks).
+    pub connect_timeout: Duration,
+    /// All-reduce and all-gather of at most this many bytes per rank use one direct exchange
+    /// (latency) instead of the ring (bandwidth).
+    pub small_bytes: usize,
+}
+
+impl GroupConfig {
+    /// Rank `rank` of `world`, rendezvous at `leader_addr`, defaults for the rest.
+    pub fn new(rank: usize, world: usize, leader_addr: impl Into<String>) -> Self {
+        GroupConfig {
+            rank,
+            world,
+            leader_addr: leader_addr.into(),
+            bind_addr: None,
+            advertise_host: None,
+            transport: Transport::Tcp,
+            timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(60),
+            small_bytes: 64 * 1024,
+        }
+    }
+}
+
+/// Why the group could not be formed.
+#[derive(Debug, thiserror::Error)]
+pub enum GroupError {
+    /// A socket operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A peer said something unexpected during the handshake.
+    #[error("group handshake: {0}")]
+    Protocol(String),
+    /// The configuration cannot work.
+    #[error("group config: {0}")]
+    Config(String),
+    /// The group was not complete in time.
+    #[error("group not formed within {0:?}: {1}")]
+    Timeout(Duration, String),
+    /// The transport is not available.
+    #[error("{0}")]
+    Unsupported(String),
+}

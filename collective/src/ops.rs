@@ -1,0 +1,259 @@
+//! The algorithms, each a sequence of [`Call::exchange`] rounds.
+
+use std::ops::Range;
+
+use cleave_engine::collective::{check_root, check_send, CollectiveError};
+
+use crate::group::NetGroup;
+use crate::wire::{Call, Into, Op, Recv, Send};
+
+/// Element range of segment `i` when `n` elements are split into `parts` nearly equal parts.
+fn segment(n: usize, parts: usize, i: usize) -> Range<usize> {
+    (i * n / parts)..((i + 1) * n / parts)
+}
+
+/// A shared view of `a` and a mutable view of `b` in one buffer (`a` and `b` disjoint).
+fn split<T>(buf: &mut [T], a: Range<usize>, b: Range<usize>) -> (&[T], &mut [T]) {
+    if a.start >= b.end {
+        let (lo, hi) = buf.split_at_mut(a.start);
+        (&hi[..a.len()], &mut lo[b])
+    } else {
+        debug_assert!(a.end <= b.start, "segments overlap");
+        let (lo, hi) = buf.split_at_mut(b.start);
+        (&lo[a], &mut hi[..b.len()])
+    }
+}
+
+/// Disjoint mutable pieces `buf[r]` for consecutive ranges covering `buf` in order.
+fn pieces<T>(mut buf: &mut [T], lens: impl Iterator<Item = usize>) -> Vec<&mut [T]> {
+    let mut out = Vec::new();
+    for len in lens {
+        let (head, tail) = std::mem::take(&mut buf).split_at_mut(len);
+        out.push(head);
+        buf = tail;
+    }
+    out
+}
+
+fn bytes(v: &[f32]) -> &[u8] {
+    bytemuck::cast_slice(v)
+}
+
+fn bytes_mut(v: &mut [f32]) -> &mut [u8] {
+    bytemuck::cast_slice_mut(v)
+}
+
+impl NetGroup {
+    fn next(&self) -> usize {
+        (self.rank + 1) % self.world
+    }
+    fn prev(&self) -> usize {
+        (self.rank + self.world - 1) % self.world
+    }
+    fn peers(&self) -> impl Iterator<Item = usize> + Clone + '_ {
+        (0..self.world).filter(move |&p| p != self.rank)
+    }
+
+    pub(crate) fn all_reduce_impl(&self, buf: &mut [f32]) -> Result<(), CollectiveError> {
+        if self.world == 1 {
+            return self.run(Op::AllReduce, |_| Ok(()));
+        }
+        if buf.len() * 4 <= self.small_bytes {
+            return self.run(Op::AllReduce, |c| self.all_reduce_direct(c, buf));
+        }
+        self.run(Op::AllReduce, |c| self.all_reduce_ring(c, buf))
+    }
+
+    /// Everyone sends its whole buffer to everyone, then sums in rank order: one round trip,
+    /// the same additions in the same order on every rank.
+    fn all_reduce_direct(&self, c: &Call, buf: &mut [f32]) -> Result<(), CollectiveError> {
+        let n = buf.len();
+        let mut all = vec![0f32; n * self.world];
+        {
+            let mut parts = pieces(&mut all, std::iter::repeat_n(n, self.world));
+            let sends = self
+                .peers()
+                .map(|peer| Send {
+                    peer,
+                    data: bytes(buf),
+                })
+                .collect();
+            let recvs = parts
+                .iter_mut()
+                .enumerate()
+                .filter(|(p, _)| *p != self.rank)
+                .map(|(peer, part)| Recv {
+                    peer,
+                    into: Into::Exact(bytes_mut(part)),
+                })
+                .collect();
+            c.exchange(sends, recvs)?;
+        }
+        all[self.rank * n..(self.rank + 1) * n].copy_from_slice(buf);
+        buf.copy_from_slice(&all[..n]);
+        for part in all[n..].chunks_exact(n.max(1)) {
+            for (b, x) in buf.iter_mut().zip(part) {
+                *b += x;
+            }
+        }
+        Ok(())
+    }
+
+    /// Ring reduce-scatter (partial sums travel around the ring, added on arrival) then ring
+    /// all-gather of the finished segments.
+    fn all_reduce_ring(&self, c: &Call, buf: &mut [f32]) -> Result<(), CollectiveError> {
+        let (w, r, n) = (self.world, self.rank, buf.len());
+        for step in 0..w - 1 {
+            let send = segment(n, w, (r + w - step) % w);
+            let recv = segment(n, w, (r + 2 * w - step - 1) % w);
+            let (s, d) = split(buf, send, recv);
+            c.exchange(
+                vec![Send {
+                    peer: self.next(),
+                    data: bytes(s),
+                }],
+                vec![Recv {
+                    peer: self.prev(),
+                    into: Into::Add(d),
+                }],
+            )?;
+        }
+        self.ring_gather(c, buf, 1)
+    }
+
+    /// Ring all-gather over `w` segments of `buf`: this rank starts with segment
+    /// `rank + offset` complete and ends with all of them.
+    fn ring_gather(&self, c: &Call, buf: &mut [f32], offset: usize) -> Result<(), CollectiveError> {
+        let (w, r, n) = (self.world, self.rank, buf.len());
+        for step in 0..w - 1 {
+            let send = segment(n, w, (r + offset + w - step) % w);
+            let recv = segment(n, w, (r + offset + 2 * w - step - 1) % w);
+            let (s, d) = split(buf, send, recv);
+            c.exchange(
+                vec![Send {
+                    peer: self.next(),
+                    data: bytes(s),
+                }],
+                vec![Recv {
+                    peer: self.prev(),
+                    into: Into::Exact(bytes_mut(d)),
+                }],
+            )?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn all_gather_impl(
+        &self,
+        local: &[f32],
+        out: &mut Vec<f32>,
+    ) -> Result<(), CollectiveError> {
+        let (w, r, n) = (self.world, self.rank, local.len());
+        self.run(Op::AllGather, |c| {
+            out.clear();
+            out.resize(n * w, 0.0);
+            out[r * n..(r + 1) * n].copy_from_slice(local);
+            if w == 1 {
+                return Ok(());
+            }
+            if n * 4 <= self.small_bytes {
+                let mut parts = pieces(out.as_mut_slice(), std::iter::repeat_n(n, w));
+                let sends = self
+                    .peers()
+                    .map(|peer| Send {
+                        peer,
+                        data: bytes(local),
+                    })
+                    .collect();
+                let recvs = parts
+                    .iter_mut()
+                    .enumerate()
+                    .filter(|(p, _)| *p != r)
+                    .map(|(peer, part)| Recv {
+                        peer,
+                        into: Into::Exact(bytes_mut(part)),
+                    })
+                    .collect();
+                return c.exchange(sends, recvs);
+            }
+            // Segment `i` of `out` split in `w` parts is exactly rank `i`'s contribution.
+            self.ring_gather(c, out, 0)
+        })
+    }
+
+    pub(crate) fn all_to_all_impl(
+        &self,
+        send: &[Vec<f32>],
+        recv: &mut Vec<Vec<f32>>,
+    ) -> Result<(), CollectiveError> {
+        self.run(Op::AllToAll, |c| {
+            check_send(send, self.world)?;
+            recv.resize_with(self.world, Vec::new);
+            recv.truncate(self.world);
+            recv[self.rank].clone_from(&send[self.rank]);
+            let sends = self
+                .peers()
+                .map(|peer| Send {
+                    peer,
+                    data: bytes(&send[peer]),
+                })
+                .collect();
+            let recvs = recv
+                .iter_mut()
+                .enumerate()
+                .filter(|(p, _)| *p != self.rank)
+                .map(|(peer, v)| Recv {
+                    peer,
+                    into: Into::F32s(v),
+                })
+                .collect();
+            c.exchange(sends, recvs)
+        })
+    }
+
+    /// Binomial tree rooted at `root`: a rank receives once from its parent, then sends to its
+    /// children (all at once).
+    pub(crate) fn broadcast_impl(
+        &self,
+        root: usize,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), CollectiveError> {
+        let w = self.world;
+        self.run(Op::Broadcast, |c| {
+            check_root(root, w)?;
+            let v = (self.rank + w - root) % w;
+            let real = |rel: usize| (rel + root) % w;
+            let mut mask = 1;
+            while mask < w {
+                if v & mask != 0 {
+                    c.exchange(
+                        vec![],
+                        vec![Recv {
+                            peer: real(v - mask),
+                            into: Into::Bytes(buf),
+                        }],
+                    )?;
+                    break;
+                }
+                mask <<= 1;
+            }
+            // Children: v + m for every m below the bit this rank received on (all m for root).
+            let mut children = Vec::new();
+            let mut m = 1;
+            while m < mask.min(w) {
+                if v + m < w {
+                    children.push(real(v + m));
+                }
+                m <<= 1;
+            }
+            let sends = children
+                .into_iter()
+                .map(|peer| Send {
+                    peer,
+                    data: buf.as_slice(),
+                })
+                .collect();
+            c.exchange(sends, vec![])
+        })
+    }
+}
