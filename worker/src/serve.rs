@@ -37,6 +37,8 @@ pub struct WorkerState {
     pub layout: KvLayout,
     /// Metrics.
     pub metrics: Arc<WorkerMetrics>,
+    /// Ranks in this worker's group (1: a single process).
+    pub group_size: usize,
     /// KV events and load for routers.
     pub watch: Arc<WatchHub>,
     registry: Mutex<Registry>,
@@ -76,6 +78,13 @@ pub async fn run(
             m.rank
         );
     }
+    let group_size = membership.as_ref().map_or(1, |m| m.size);
+    anyhow::ensure!(
+        group_size == 1 || role == Role::Decode,
+        "a prefill worker cannot be a group yet (--tp {group_size}): prefill-to-decode KV \
+         transfer between tensor-parallel groups is not implemented; run decode groups \
+         without prefill workers"
+    );
     let group = match membership {
         Some(m) => {
             let args = config.group.clone();
@@ -138,6 +147,7 @@ pub async fn run(
         region: handle,
         layout,
         metrics,
+        group_size,
         watch,
         registry: Mutex::new(registry),
         ready: AtomicBool::new(false),
