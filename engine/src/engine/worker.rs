@@ -12,7 +12,10 @@ use crate::model::{Logits, Model, SeqChunk, Workspace};
 use crate::schedule::{Planned, PrefillMode, Scheduler, SeqId, Sequence};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
-use super::group::{encode_control, encode_step, GroupLink};
+mod blocks;
+mod lockstep;
+
+use super::group::{encode_step, GroupLink};
 use super::stop::StopMatcher;
 use super::{
     BlockLease, Command, EngineConfig, EngineStats, FinishReason, SeqEvent, Shared, Usage,
@@ -47,6 +50,8 @@ pub(super) struct Worker {
     group: Option<GroupLink>,
     /// The step message being broadcast (reused).
     msg: Vec<u8>,
+    /// When the followers last heard from this leader (a step or a heartbeat).
+    last_sync: std::time::Instant,
 }
 
 impl Worker {
@@ -79,6 +84,7 @@ impl Worker {
             tx,
             group: group.filter(|g| g.collective.world() > 1),
             msg: Vec::new(),
+            last_sync: std::time::Instant::now(),
         };
         w.publish();
         w
@@ -89,7 +95,10 @@ impl Worker {
             if self.sched.is_idle() {
                 let next = match &self.group {
                     None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
-                    Some(g) => rx.recv_timeout(g.heartbeat),
+                    // A heartbeat at least every `heartbeat`, even while commands keep coming.
+                    Some(g) => {
+                        rx.recv_timeout(g.heartbeat.saturating_sub(self.last_sync.elapsed()))
+                    }
                 };
                 match next {
                     Ok(c) => {
@@ -179,66 +188,18 @@ impl Worker {
                 }
             }
             Command::ReadBlocks { blocks, reply } => {
-                let bb = self.cache.layout().block_bytes();
-                let region = self.cache.region();
-                let mut out = Vec::with_capacity(blocks.len() * bb);
-                for b in &blocks {
-                    let b = b.0 as usize;
-                    if b < self.cache.num_blocks() {
-                        out.extend_from_slice(&region[b * bb..(b + 1) * bb]);
-                    }
-                }
-                let _ = reply.send(out);
+                let _ = reply.send(blocks::read(&self.cache, &blocks));
             }
             Command::WriteBlocks {
                 blocks,
                 data,
                 reply,
             } => {
-                let bb = self.cache.layout().block_bytes();
-                let n = self.cache.num_blocks();
-                let ok =
-                    data.len() == blocks.len() * bb && blocks.iter().all(|b| (b.0 as usize) < n);
-                if ok {
-                    let region = self.cache.region_mut();
-                    for (b, chunk) in blocks.iter().zip(data.chunks_exact(bb)) {
-                        let b = b.0 as usize;
-                        region[b * bb..(b + 1) * bb].copy_from_slice(chunk);
-                    }
-                }
-                let _ = reply.send(ok);
+                let _ = reply.send(blocks::write(&mut self.cache, &blocks, &data));
             }
             Command::Shutdown => return false,
         }
         true
-    }
-
-    fn shutdown(mut self) {
-        if let Some(g) = &self.group {
-            // Followers end their loop; if one is already gone there is nothing more to do.
-            encode_control(true, &mut self.msg);
-            if let Err(e) = g.collective.broadcast(0, &mut self.msg) {
-                tracing::warn!(error = %e, "could not stop the group's followers");
-            }
-        }
-        self.shutdown_with(FinishReason::Cancelled)
-    }
-
-    /// A step or heartbeat failed: a rank of the group is gone, the engine stops for good.
-    fn fail(mut self, e: CollectiveError) {
-        tracing::error!(error = %e, "engine step failed; the engine stops");
-        self.stats.failed = true;
-        self.shutdown_with(FinishReason::Aborted)
-    }
-
-    /// Idle leader: every rank must still answer.
-    fn heartbeat(&mut self) -> Result<(), CollectiveError> {
-        let Some(g) = &self.group else {
-            return Ok(());
-        };
-        encode_control(false, &mut self.msg);
-        g.collective.broadcast(0, &mut self.msg)?;
-        g.collective.barrier()
     }
 
     /// Ends every request with `reason`, frees all blocks and publishes the final state.
@@ -305,6 +266,7 @@ impl Worker {
         if let Some(g) = &self.group {
             encode_step(&chunks, self.sched.config.block_size, &mut self.msg);
             g.collective.broadcast(0, &mut self.msg)?;
+            self.last_sync = std::time::Instant::now();
         }
         self.model.forward(&chunks, &mut self.cache, &mut self.ws)?;
         self.sched.computed(&plan);
