@@ -317,17 +317,14 @@ fn group_argvs(base: Vec<String>, tp: usize) -> anyhow::Result<Vec<Vec<String>>>
     Ok((0..tp)
         .map(|rank| {
             let mut a = base.clone();
-            a.extend(
-                [
-                    "--tp".to_string(),
-                    tp.to_string(),
-                    "--group-rank".into(),
-                    rank.to_string(),
-                    "--group-leader".into(),
-                    leader.clone(),
-                ]
-                .into_iter(),
-            );
+            a.extend([
+                "--tp".to_string(),
+                tp.to_string(),
+                "--group-rank".into(),
+                rank.to_string(),
+                "--group-leader".into(),
+                leader.clone(),
+            ]);
             if rank == 0 {
                 a.extend([
                     "--group-bind".to_string(),

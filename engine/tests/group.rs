@@ -221,9 +221,10 @@ async fn a_failed_collective_stops_the_group_and_frees_its_blocks() {
     assert_eq!(stats.pool.used, 0, "{stats:?}");
     assert_eq!((stats.running, stats.waiting), (0, 0));
     // A failed engine accepts nothing more.
-    assert!(engine
-        .submit(GenerateRequest::new(prompt, greedy(4)))
-        .is_err());
+    assert!(matches!(
+        engine.submit(GenerateRequest::new(prompt, greedy(4))),
+        Err(EngineError::GroupFailed)
+    ));
     for f in followers {
         assert!(f.join().unwrap().is_err(), "followers see the failure too");
     }

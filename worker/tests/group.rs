@@ -22,11 +22,7 @@ use support::{generate, http_get, metric, Group, Netns};
 const N: usize = 12;
 
 /// The tests start several model processes each: one at a time on small machines.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn prompts(l: &Loaded) -> Vec<Vec<u32>> {
     [
@@ -85,7 +81,7 @@ fn loopback(n: usize) -> (Vec<Vec<String>>, Vec<String>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tp3_group_of_processes_generates_the_single_process_tokens() {
-    let _one = serial();
+    let _one = SERIAL.lock().await;
     let (prompts, want) = reference().await;
     let (wraps, hosts) = loopback(3);
     let mut group = Group::start(&wraps, &hosts, &[]);
@@ -100,7 +96,7 @@ async fn a_tp3_group_of_processes_generates_the_single_process_tokens() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tp3_group_across_network_namespaces_serves_requests() {
-    let _one = serial();
+    let _one = SERIAL.lock().await;
     let (prompts, want) = reference().await;
     let ns = Netns::create(3);
     let wraps: Vec<Vec<String>> = (0..3).map(|i| ns.wrap(i)).collect();
@@ -111,7 +107,7 @@ async fn a_tp3_group_across_network_namespaces_serves_requests() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_a_rank_fails_the_group_fast_and_a_restarted_group_serves() {
-    let _one = serial();
+    let _one = SERIAL.lock().await;
     let l = Loaded::open(&default_model_path(), Threads::single()).unwrap();
     let prompt = l.encode_text("Once upon a time");
     drop(l);
