@@ -417,6 +417,7 @@ pub fn ttft_breakdown(
             etcd_prefix: "/cleave/workers/".into(),
             advertise_addr: None,
             etcd_lease_ttl: Duration::from_secs(10),
+            group: Default::default(),
         };
         let stop = tokio_util::sync::CancellationToken::new();
         let prefill = run(Role::Prefill, config.clone(), stop.clone()).await?;

@@ -41,6 +41,10 @@ pub struct UpArgs {
     /// Compute threads per worker.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    /// Tensor-parallel size: each worker is a group of this many processes (rank 0 serves,
+    /// the others compute its heads' share). A group whose rank dies is restarted whole.
+    #[arg(long, default_value_t = 1)]
+    pub tp: usize,
 }
 
 /// Child processes, terminated (SIGTERM, then SIGKILL) when dropped.
@@ -74,8 +78,16 @@ impl Drop for Fleet {
     }
 }
 
-/// Starts `args` as a child of this executable and waits for its one-line JSON of addresses.
-fn spawn(fleet: &mut Fleet, name: &str, args: &[String]) -> anyhow::Result<serde_json::Value> {
+type FirstLine = mpsc::Receiver<Option<std::io::Result<String>>>;
+
+/// Starts `args` as a child of this executable; the receiver yields its first stdout line.
+fn start(fleet: &mut Fleet, name: &str, args: &[String]) -> anyhow::Result<FirstLine> {
+    let (child, rx) = start_child(name, args)?;
+    fleet.0.push((name.to_string(), child));
+    Ok(rx)
+}
+
+fn start_child(name: &str, args: &[String]) -> anyhow::Result<(Child, FirstLine)> {
     let exe = std::env::current_exe().context("finding the cleave executable")?;
     let mut child = Command::new(exe)
         .args(args)
@@ -85,7 +97,6 @@ fn spawn(fleet: &mut Fleet, name: &str, args: &[String]) -> anyhow::Result<serde
         .spawn()
         .with_context(|| format!("starting {name}"))?;
     let stdout = child.stdout.take().context("child stdout")?;
-    fleet.0.push((name.to_string(), child));
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let mut lines = BufReader::new(stdout).lines();
@@ -94,12 +105,66 @@ fn spawn(fleet: &mut Fleet, name: &str, args: &[String]) -> anyhow::Result<serde
         // Keep draining so the child never blocks on a full pipe.
         for _ in lines {}
     });
-    match rx.recv_timeout(Duration::from_secs(120)) {
+    Ok((child, rx))
+}
+
+/// Waits for a started child's one-line JSON of addresses.
+fn ready_line(name: &str, rx: FirstLine) -> anyhow::Result<serde_json::Value> {
+    match rx.recv_timeout(Duration::from_secs(180)) {
         Ok(Some(Ok(line))) => {
             serde_json::from_str(&line).with_context(|| format!("{name} printed {line:?}"))
         }
         _ => bail!("{name} did not become ready (see its log above)"),
     }
+}
+
+/// Starts `args` as a child of this executable and waits for its one-line JSON of addresses.
+fn spawn(fleet: &mut Fleet, name: &str, args: &[String]) -> anyhow::Result<serde_json::Value> {
+    let rx = start(fleet, name, args)?;
+    ready_line(name, rx)
+}
+
+/// A worker of `--tp` processes: the argv of each rank (fixed ports, so a restarted group
+/// is found at the same address) and the ranks' indices in the fleet.
+struct Group {
+    name: String,
+    argvs: Vec<Vec<String>>,
+    members: Vec<usize>,
+}
+
+/// Starts every rank of a group (they wait for each other), returns the leader's addresses.
+/// A restarted group takes its old places in the fleet.
+fn start_group(fleet: &mut Fleet, g: &mut Group) -> anyhow::Result<serde_json::Value> {
+    let mut pending = Vec::new();
+    let restart = !g.members.is_empty();
+    for (rank, argv) in g.argvs.iter().enumerate() {
+        let name = format!("{} rank {rank}", g.name);
+        let (child, rx) = start_child(&name, argv)?;
+        if restart {
+            fleet.0[g.members[rank]].1 = child;
+        } else {
+            fleet.0.push((name.clone(), child));
+            g.members.push(fleet.0.len() - 1);
+        }
+        pending.push((name, rx));
+    }
+    let mut lines = Vec::new();
+    for (name, rx) in pending {
+        lines.push(ready_line(&name, rx)?);
+    }
+    Ok(lines.swap_remove(0))
+}
+
+/// Terminates the surviving ranks of a failed group and starts it again.
+fn restart_group(fleet: &mut Fleet, g: &mut Group) -> anyhow::Result<()> {
+    for &i in &g.members {
+        let c = &mut fleet.0[i].1;
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    start_group(fleet, g)?;
+    eprintln!("{} restarted", g.name);
+    Ok(())
 }
 
 fn wait_ready(url: &str, timeout: Duration) -> anyhow::Result<()> {
@@ -118,6 +183,12 @@ fn wait_ready(url: &str, timeout: Duration) -> anyhow::Result<()> {
 
 pub fn up(args: UpArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.decode >= 1, "--decode must be at least 1");
+    anyhow::ensure!(args.tp >= 1, "--tp must be at least 1");
+    anyhow::ensure!(
+        args.tp == 1 || args.prefill == 0,
+        "--tp {} needs --prefill 0: P/D between tensor-parallel groups is not implemented yet",
+        args.tp
+    );
     let model = match &args.model {
         Some(p) => p.clone(),
         None => crate::fetch::fetch_default_model(false)?,
@@ -156,9 +227,21 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
     .iter()
     .map(|s| s.to_string())
     .collect();
+    let mut groups = Vec::new();
     for (role, n) in [("prefill", args.prefill), ("decode", args.decode)] {
         for i in 0..n {
-            let addrs = spawn(&mut fleet, &format!("{role}-{i}"), &worker(role))?;
+            let addrs = if args.tp == 1 {
+                spawn(&mut fleet, &format!("{role}-{i}"), &worker(role))?
+            } else {
+                let mut g = Group {
+                    name: format!("{role}-{i}"),
+                    argvs: group_argvs(worker(role), args.tp)?,
+                    members: Vec::new(),
+                };
+                let addrs = start_group(&mut fleet, &mut g)?;
+                groups.push(g);
+                addrs
+            };
             let grpc = addrs["grpc"]
                 .as_str()
                 .context("worker printed no grpc address")?;
@@ -177,8 +260,8 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         .to_string();
     wait_ready(&format!("http://{http}/ready"), Duration::from_secs(60))?;
     println!(
-        "cleave is up: http://{http}/v1 (model {model}; {} prefill, {} decode; Ctrl-C stops it)",
-        args.prefill, args.decode
+        "cleave is up: http://{http}/v1 (model {model}; {} prefill, {} decode, TP {}; Ctrl-C stops it)",
+        args.prefill, args.decode, args.tp
     );
     // Wait for Ctrl-C / SIGTERM, or for a child to die.
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -191,9 +274,24 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
             tokio::select! {
                 _ = stop.cancelled() => break,
                 _ = tokio::time::sleep(Duration::from_millis(500)) => {
-                    for (name, c) in &mut fleet.0 {
+                    let mut failed_groups = Vec::new();
+                    for (i, (name, c)) in fleet.0.iter_mut().enumerate() {
+                        let Some(g) = groups.iter().position(|g| g.members.contains(&i)) else {
+                            if let Ok(Some(status)) = c.try_wait() {
+                                eprintln!("{name} exited ({status}); shutting down");
+                                stop.cancel();
+                            }
+                            continue;
+                        };
                         if let Ok(Some(status)) = c.try_wait() {
-                            eprintln!("{name} exited ({status}); shutting down");
+                            eprintln!("{name} exited ({status}); restarting its group");
+                            failed_groups.push(g);
+                        }
+                    }
+                    failed_groups.dedup();
+                    for g in failed_groups {
+                        if let Err(e) = restart_group(&mut fleet, &mut groups[g]) {
+                            eprintln!("restarting {}: {e:#}; shutting down", groups[g].name);
                             stop.cancel();
                         }
                     }
@@ -204,4 +302,40 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
     eprintln!("stopping ...");
     drop(fleet);
     Ok(())
+}
+
+/// The argv of each rank of a group: fixed gRPC/HTTP ports for the leader (a restarted group
+/// comes back at the address the router knows), a fresh group port.
+fn group_argvs(base: Vec<String>, tp: usize) -> anyhow::Result<Vec<Vec<String>>> {
+    let port = || -> anyhow::Result<u16> {
+        Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port())
+    };
+    let leader = format!("127.0.0.1:{}", port()?);
+    let (grpc, http) = (port()?, port()?);
+    Ok((0..tp)
+        .map(|rank| {
+            let mut a = base.clone();
+            a.extend([
+                "--tp".to_string(),
+                tp.to_string(),
+                "--group-rank".into(),
+                rank.to_string(),
+                "--group-leader".into(),
+                leader.clone(),
+            ]);
+            if rank == 0 {
+                a.extend([
+                    "--group-bind".to_string(),
+                    leader.clone(),
+                    "--grpc-addr".into(),
+                    format!("127.0.0.1:{grpc}"),
+                    "--http-addr".into(),
+                    format!("127.0.0.1:{http}"),
+                ]);
+            }
+            a
+        })
+        .collect())
 }

@@ -1,6 +1,7 @@
 //! The handle async code uses: `submit` a request and read its stream of events, `cancel` it,
 //! read `stats`. Model compute runs on a thread of its own and talks to callers through channels.
 
+pub mod group;
 mod stop;
 mod worker;
 
@@ -20,6 +21,7 @@ use crate::schedule::{SchedulerConfig, SchedulerCounters, SeqId};
 pub use crate::schedule::PrefillMode;
 use crate::tokenizer::Tokenizer;
 
+pub use group::{run_follower, FollowerError, GroupLink};
 pub use stop::StopMatcher;
 
 /// Engine settings.
@@ -159,6 +161,9 @@ pub enum EngineError {
     /// The engine thread has stopped.
     #[error("the engine has shut down")]
     Stopped,
+    /// A rank of this engine's worker group failed; the engine serves nothing more.
+    #[error("the engine stopped: a rank of its worker group failed")]
+    GroupFailed,
 }
 
 /// Keeps an exported sequence's blocks allocated; dropping it releases them.
@@ -273,6 +278,19 @@ impl Engine {
         config: EngineConfig,
         cache: KvCache,
     ) -> Self {
+        Self::start_leader(model, tokenizer, config, cache, None)
+    }
+
+    /// Starts the compute thread as the leader of a worker group: every step's batch is
+    /// broadcast to the followers ([`run_follower`]) before the forward pass. A failed step or
+    /// heartbeat stops the engine ([`EngineStats::failed`]). `group: None` is a single rank.
+    pub fn start_leader(
+        model: Arc<Model>,
+        tokenizer: Arc<Tokenizer>,
+        config: EngineConfig,
+        cache: KvCache,
+        group: Option<GroupLink>,
+    ) -> Self {
         let ctx = config.max_model_len.unwrap_or(model.config.context_length);
         let limit = ctx.min(cache.num_blocks() * config.scheduler.block_size);
         let vocab = model.config.vocab;
@@ -281,8 +299,15 @@ impl Engine {
             stats: Mutex::new(EngineStats::default()),
             kv_events: Mutex::new(Vec::new()),
         });
-        let worker =
-            worker::Worker::new(model, tokenizer, config, cache, shared.clone(), tx.clone());
+        let worker = worker::Worker::new(
+            model,
+            tokenizer,
+            config,
+            cache,
+            shared.clone(),
+            tx.clone(),
+            group,
+        );
         let thread = std::thread::Builder::new()
             .name("cleave-engine".into())
             .spawn(move || worker.run(rx))
@@ -320,6 +345,9 @@ impl Engine {
                 max_tokens: req.params.max_tokens,
                 limit: self.limit,
             });
+        }
+        if self.shared.stats.lock().expect("stats lock").failed {
+            return Err(EngineError::GroupFailed);
         }
         let id = SeqId(self.next_id.fetch_add(1, Ordering::Relaxed));
         let (events, rx) = unbounded_channel();

@@ -69,6 +69,9 @@ pub struct WorkerConfig {
     /// TTL of the etcd lease: a worker that dies without revoking it disappears after this.
     #[arg(long, env = "CLEAVE_ETCD_LEASE_TTL", value_parser = parse_duration, default_value = "10s")]
     pub etcd_lease_ttl: Duration,
+    /// Worker-group membership (tensor-parallel ranks in several processes).
+    #[command(flatten)]
+    pub group: crate::group::GroupArgs,
 }
 
 /// Parses `auto`, `ucx` or `tcp`.

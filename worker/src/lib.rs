@@ -17,6 +17,8 @@
 pub mod config;
 pub mod convert;
 pub mod decode;
+pub mod follower;
+pub mod group;
 pub mod metrics;
 pub mod prefill;
 pub mod register;
@@ -60,6 +62,11 @@ pub fn serve_until_signal(role: Role, config: WorkerConfig) -> anyhow::Result<()
         .build()?;
     rt.block_on(async move {
         let shutdown = tokio_util::sync::CancellationToken::new();
+        if let Some(m) = config.group.membership()?.filter(|m| m.rank > 0) {
+            // A follower rank: no servers, no registration; it computes the leader's steps.
+            cancel_on_signal(shutdown.clone());
+            return follower::run(config, m, shutdown).await;
+        }
         let running = run(role, config, shutdown.clone()).await?;
         println!(
             "{{\"grpc\":\"{}\",\"http\":\"{}\"}}",

@@ -8,10 +8,10 @@ use anyhow::Context;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
-use cleave_engine::engine::{Engine, EngineConfig};
+use cleave_engine::collective::Collective;
+use cleave_engine::engine::{Engine, EngineConfig, GroupLink};
 use cleave_engine::kernels::Threads;
 use cleave_engine::kv::memory::{KvCache, KvLayout};
-use cleave_engine::load::Loaded;
 use cleave_engine::schedule::SchedulerConfig;
 use cleave_kv_transfer::{default_transport, RegionHandle, Transport, TransportConfig};
 use prometheus_client::registry::Registry;
@@ -37,10 +37,14 @@ pub struct WorkerState {
     pub layout: KvLayout,
     /// Metrics.
     pub metrics: Arc<WorkerMetrics>,
+    /// Ranks in this worker's group (1: a single process).
+    pub group_size: usize,
     /// KV events and load for routers.
     pub watch: Arc<WatchHub>,
     registry: Mutex<Registry>,
     ready: AtomicBool,
+    /// The engine stopped because a rank of its group failed.
+    failed: AtomicBool,
 }
 
 /// A started worker.
@@ -67,19 +71,41 @@ pub async fn run(
     } else {
         Threads::new(config.threads)
     };
+    let membership = config.group.membership()?;
+    if let Some(m) = membership.as_ref().filter(|m| m.rank > 0) {
+        anyhow::bail!(
+            "rank {} of the group is a follower (no servers): run it with follower::run",
+            m.rank
+        );
+    }
+    let group_size = membership.as_ref().map_or(1, |m| m.size);
+    anyhow::ensure!(
+        group_size == 1 || role == Role::Decode,
+        "a prefill worker cannot be a group yet (--tp {group_size}): prefill-to-decode KV \
+         transfer between tensor-parallel groups is not implemented; run decode groups \
+         without prefill workers"
+    );
+    let group = match membership {
+        Some(m) => {
+            let args = config.group.clone();
+            Some(tokio::task::spawn_blocking(move || args.connect(&m)).await??)
+        }
+        None => None,
+    };
     let path = config.model.clone();
-    let loaded = tokio::task::spawn_blocking(move || Loaded::open(&path, threads))
-        .await?
-        .with_context(|| format!("loading {}", config.model.display()))?;
+    let collective = group.clone().map(|g| g as Arc<dyn Collective>);
+    let (model, tokenizer) =
+        tokio::task::spawn_blocking(move || crate::group::load(&path, threads, collective))
+            .await??;
     let transport = default_transport(&TransportConfig {
         backend: config.transport,
         ..Default::default()
     })
     .context("starting the KV transport")?;
     let layout = KvLayout {
-        n_layers: loaded.model.config.n_layers,
-        n_kv_heads: loaded.model.local_kv_heads(),
-        head_dim: loaded.model.config.head_dim,
+        n_layers: model.config.n_layers,
+        n_kv_heads: model.local_kv_heads(),
+        head_dim: model.config.head_dim,
         block_size: cleave_engine::kv::DEFAULT_BLOCK_SIZE,
         dtype: config.kv_dtype,
     };
@@ -97,15 +123,23 @@ pub async fn run(
             ..Default::default()
         },
     };
-    let engine = Arc::new(Engine::start_with_cache(
-        loaded.model.clone(),
-        loaded.tokenizer.clone(),
+    let link = group.map(|g| GroupLink {
+        collective: g,
+        heartbeat: config.group.heartbeat,
+    });
+    let engine = Arc::new(Engine::start_leader(
+        model,
+        tokenizer,
         engine_config,
         cache,
+        link,
     ));
+    // Registration, the Watch streams and gRPC end when the group fails; HTTP (health,
+    // readiness, metrics) stays until the process exits.
+    let serving = shutdown.child_token();
     let mut registry = Registry::default();
     let metrics = Arc::new(WorkerMetrics::new(&mut registry));
-    let watch = WatchHub::start(engine.clone(), shutdown.clone());
+    let watch = WatchHub::start(engine.clone(), serving.clone());
     let state = Arc::new(WorkerState {
         config: config.clone(),
         engine,
@@ -113,9 +147,11 @@ pub async fn run(
         region: handle,
         layout,
         metrics,
+        group_size,
         watch,
         registry: Mutex::new(registry),
         ready: AtomicBool::new(false),
+        failed: AtomicBool::new(false),
     });
     tracing::info!(?role, backend = ?state.transport.backend(), kv_blocks = config.kv_blocks, "worker starting");
 
@@ -132,7 +168,7 @@ pub async fn run(
         Role::Decode => router.add_service(crate::decode::service(state.clone())),
         Role::Prefill => router.add_service(crate::prefill::service(state.clone())),
     };
-    let stop = shutdown.clone();
+    let stop = serving.clone();
     let grpc_task = tokio::spawn(async move {
         grpc_server
             .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stop.cancelled_owned())
@@ -151,7 +187,7 @@ pub async fn run(
     });
     state.ready.store(true, Ordering::SeqCst);
     tracing::info!(%grpc_addr, %http_addr, "worker ready");
-    let registration = match crate::register::start(role, &config, grpc_addr, shutdown.clone())
+    let registration = match crate::register::start(role, &config, grpc_addr, serving.clone())
         .await
         .context("registering in etcd")
     {
@@ -161,12 +197,24 @@ pub async fn run(
             return Err(e);
         }
     };
+    tokio::spawn(watch_failure(
+        state.clone(),
+        serving,
+        shutdown.clone(),
+        config.group.failed_exit_after,
+    ));
+    let st = state.clone();
     let task = tokio::spawn(async move {
         if let Some(r) = registration {
             let _ = r.await;
         }
         grpc_task.await?.context("gRPC server")?;
         http_task.await?.context("HTTP server")?;
+        anyhow::ensure!(
+            !st.failed.load(Ordering::SeqCst),
+            "the worker group failed (a rank died or stopped answering); exiting so the group \
+             is restarted"
+        );
         Ok(())
     });
     Ok(Running {
@@ -177,8 +225,36 @@ pub async fn run(
     })
 }
 
+/// When the engine fails (a rank of the group died): not ready at once, deregistered, Watch
+/// streams and gRPC closed (so routers drop this worker), then after `exit_after` everything
+/// stops and the worker's task ends with an error (the process exits with status 1).
+async fn watch_failure(
+    state: Arc<WorkerState>,
+    serving: CancellationToken,
+    shutdown: CancellationToken,
+    exit_after: std::time::Duration,
+) {
+    loop {
+        tokio::select! {
+            _ = serving.cancelled() => return,
+            _ = tokio::time::sleep(std::time::Duration::from_millis(50)) => {}
+        }
+        if state.engine.stats().failed {
+            break;
+        }
+    }
+    tracing::error!("the worker group failed: not ready, deregistering");
+    state.failed.store(true, Ordering::SeqCst);
+    state.ready.store(false, Ordering::SeqCst);
+    serving.cancel();
+    tokio::time::sleep(exit_after).await;
+    shutdown.cancel();
+}
+
 async fn ready(State(s): State<Arc<WorkerState>>) -> (StatusCode, &'static str) {
-    if s.ready.load(Ordering::SeqCst) {
+    if s.failed.load(Ordering::SeqCst) {
+        (StatusCode::SERVICE_UNAVAILABLE, "worker group failed")
+    } else if s.ready.load(Ordering::SeqCst) {
         (StatusCode::OK, "ready")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "starting")

@@ -25,6 +25,8 @@ struct State {
 pub struct WatchHub {
     state: Mutex<State>,
     tx: broadcast::Sender<pb::WorkerUpdate>,
+    /// Cancelled when the worker stops serving: every Watch stream ends.
+    stop: CancellationToken,
 }
 
 fn wire_event(r: &KvEventRecord) -> pb::KvEvent {
@@ -57,7 +59,7 @@ pub fn load(engine: &Engine) -> pb::Load {
 }
 
 impl WatchHub {
-    /// Starts collecting from `engine` until `shutdown`.
+    /// Starts collecting from `engine` until `shutdown`, which also ends every Watch stream.
     pub fn start(engine: Arc<Engine>, shutdown: CancellationToken) -> Arc<Self> {
         let (tx, _) = broadcast::channel(1024);
         let hub = Arc::new(WatchHub {
@@ -66,6 +68,7 @@ impl WatchHub {
                 next_id: 0,
             }),
             tx,
+            stop: shutdown.clone(),
         });
         let h = hub.clone();
         tokio::spawn(async move {
@@ -129,12 +132,22 @@ pub fn stream(
 ) -> tokio_stream::wrappers::ReceiverStream<Result<pb::WorkerUpdate, tonic::Status>> {
     let (first, mut rx) = hub.subscribe(engine);
     let (tx, out) = tokio::sync::mpsc::channel(64);
+    let stop = hub.stop.clone();
     tokio::spawn(async move {
         if tx.send(Ok(first)).await.is_err() {
             return;
         }
         loop {
-            match rx.recv().await {
+            let next = tokio::select! {
+                _ = stop.cancelled() => {
+                    let _ = tx
+                        .send(Err(tonic::Status::unavailable("the worker stopped serving")))
+                        .await;
+                    return;
+                }
+                r = rx.recv() => r,
+            };
+            match next {
                 Ok(u) => {
                     if tx.send(Ok(u)).await.is_err() {
                         return;

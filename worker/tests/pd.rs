@@ -32,6 +32,7 @@ fn config(transport: BackendChoice) -> WorkerConfig {
         etcd_prefix: "/cleave/workers/".into(),
         advertise_addr: None,
         etcd_lease_ttl: Duration::from_secs(10),
+        group: Default::default(),
     }
 }
 

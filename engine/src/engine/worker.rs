@@ -12,6 +12,10 @@ use crate::model::{Logits, Model, SeqChunk, Workspace};
 use crate::schedule::{Planned, PrefillMode, Scheduler, SeqId, Sequence};
 use crate::tokenizer::{StreamDecoder, Tokenizer};
 
+mod blocks;
+mod lockstep;
+
+use super::group::{encode_step, GroupLink};
 use super::stop::StopMatcher;
 use super::{
     BlockLease, Command, EngineConfig, EngineStats, FinishReason, SeqEvent, Shared, Usage,
@@ -42,6 +46,12 @@ pub(super) struct Worker {
     held: HashMap<SeqId, Vec<BlockId>>,
     /// For leases to send their release.
     tx: mpsc::Sender<Command>,
+    /// The other ranks of this worker's group (this thread is the leader), if any.
+    group: Option<GroupLink>,
+    /// The step message being broadcast (reused).
+    msg: Vec<u8>,
+    /// When the followers last heard from this leader (a step or a heartbeat).
+    last_sync: std::time::Instant,
 }
 
 impl Worker {
@@ -52,6 +62,7 @@ impl Worker {
         cache: KvCache,
         shared: Arc<Shared>,
         tx: mpsc::Sender<Command>,
+        group: Option<GroupLink>,
     ) -> Self {
         let ctx = config.max_model_len.unwrap_or(model.config.context_length);
         let limit = ctx.min(cache.num_blocks() * config.scheduler.block_size);
@@ -71,6 +82,9 @@ impl Worker {
             stats: EngineStats::default(),
             held: HashMap::new(),
             tx,
+            group: group.filter(|g| g.collective.world() > 1),
+            msg: Vec::new(),
+            last_sync: std::time::Instant::now(),
         };
         w.publish();
         w
@@ -79,13 +93,26 @@ impl Worker {
     pub(super) fn run(mut self, rx: mpsc::Receiver<Command>) {
         loop {
             if self.sched.is_idle() {
-                match rx.recv() {
+                let next = match &self.group {
+                    None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+                    // A heartbeat at least every `heartbeat`, even while commands keep coming.
+                    Some(g) => {
+                        rx.recv_timeout(g.heartbeat.saturating_sub(self.last_sync.elapsed()))
+                    }
+                };
+                match next {
                     Ok(c) => {
                         if !self.handle(c) {
                             return self.shutdown();
                         }
                     }
-                    Err(_) => return self.shutdown(),
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        if let Err(e) = self.heartbeat() {
+                            return self.fail(e);
+                        }
+                        continue;
+                    }
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return self.shutdown(),
                 }
             }
             loop {
@@ -101,9 +128,7 @@ impl Worker {
             }
             if !self.sched.is_idle() {
                 if let Err(e) = self.step() {
-                    tracing::error!(error = %e, "engine step failed; the engine stops");
-                    self.stats.failed = true;
-                    return self.shutdown_with(FinishReason::Aborted);
+                    return self.fail(e);
                 }
             }
             self.publish();
@@ -163,42 +188,18 @@ impl Worker {
                 }
             }
             Command::ReadBlocks { blocks, reply } => {
-                let bb = self.cache.layout().block_bytes();
-                let region = self.cache.region();
-                let mut out = Vec::with_capacity(blocks.len() * bb);
-                for b in &blocks {
-                    let b = b.0 as usize;
-                    if b < self.cache.num_blocks() {
-                        out.extend_from_slice(&region[b * bb..(b + 1) * bb]);
-                    }
-                }
-                let _ = reply.send(out);
+                let _ = reply.send(blocks::read(&self.cache, &blocks));
             }
             Command::WriteBlocks {
                 blocks,
                 data,
                 reply,
             } => {
-                let bb = self.cache.layout().block_bytes();
-                let n = self.cache.num_blocks();
-                let ok =
-                    data.len() == blocks.len() * bb && blocks.iter().all(|b| (b.0 as usize) < n);
-                if ok {
-                    let region = self.cache.region_mut();
-                    for (b, chunk) in blocks.iter().zip(data.chunks_exact(bb)) {
-                        let b = b.0 as usize;
-                        region[b * bb..(b + 1) * bb].copy_from_slice(chunk);
-                    }
-                }
-                let _ = reply.send(ok);
+                let _ = reply.send(blocks::write(&mut self.cache, &blocks, &data));
             }
             Command::Shutdown => return false,
         }
         true
-    }
-
-    fn shutdown(self) {
-        self.shutdown_with(FinishReason::Cancelled)
     }
 
     /// Ends every request with `reason`, frees all blocks and publishes the final state.
@@ -262,6 +263,11 @@ impl Worker {
                 }
             })
             .collect();
+        if let Some(g) = &self.group {
+            encode_step(&chunks, self.sched.config.block_size, &mut self.msg);
+            g.collective.broadcast(0, &mut self.msg)?;
+            self.last_sync = std::time::Instant::now();
+        }
         self.model.forward(&chunks, &mut self.cache, &mut self.ws)?;
         self.sched.computed(&plan);
         self.stats.steps += 1;

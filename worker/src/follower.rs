@@ -1,0 +1,72 @@
+//! A follower rank's process: join the group, load this rank's shard, and run the leader's
+//! steps until the leader stops the group (exit 0) or the group fails (an error: exit 1).
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use cleave_engine::engine::run_follower;
+use cleave_engine::kernels::Threads;
+use cleave_engine::kv::memory::{KvCache, KvLayout};
+use tokio_util::sync::CancellationToken;
+
+use crate::group::Membership;
+use crate::WorkerConfig;
+
+/// Runs rank `m.rank` (> 0) of the group until the leader stops it or the group fails;
+/// `shutdown` (a signal) aborts the group, which stops every rank.
+pub async fn run(
+    config: WorkerConfig,
+    m: Membership,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let threads = if config.threads <= 1 {
+        Threads::single()
+    } else {
+        Threads::new(config.threads)
+    };
+    let args = config.group.clone();
+    let mm = m.clone();
+    let group = tokio::task::spawn_blocking(move || args.connect(&mm)).await??;
+    let path = config.model.clone();
+    let g = group.clone();
+    let (model, _) = tokio::task::spawn_blocking(move || {
+        crate::group::load(
+            &path,
+            threads,
+            Some(g as Arc<dyn cleave_engine::collective::Collective>),
+        )
+    })
+    .await??;
+    let layout = KvLayout {
+        n_layers: model.config.n_layers,
+        n_kv_heads: model.local_kv_heads(),
+        head_dim: model.config.head_dim,
+        block_size: cleave_engine::kv::DEFAULT_BLOCK_SIZE,
+        dtype: config.kv_dtype,
+    };
+    let mut cache = KvCache::on_heap(layout, config.kv_blocks);
+    println!("{{\"group_rank\":{},\"group_size\":{}}}", m.rank, m.size);
+    tracing::info!(rank = m.rank, size = m.size, "follower ready");
+    let g = group.clone();
+    let mut work =
+        tokio::task::spawn_blocking(move || run_follower(&model, &mut cache, g.as_ref()));
+    let res = tokio::select! {
+        r = &mut work => r,
+        _ = shutdown.cancelled() => {
+            group.abort("follower stopped by a signal");
+            let _ = work.await;
+            tracing::info!(rank = m.rank, "follower stopped by a signal");
+            return Ok(());
+        }
+    };
+    match res.context("follower thread")? {
+        Ok(steps) => {
+            tracing::info!(rank = m.rank, steps, "the leader stopped the group");
+            Ok(())
+        }
+        Err(e) => Err(anyhow::anyhow!(
+            "worker group failed on rank {}: {e}",
+            m.rank
+        )),
+    }
+}
