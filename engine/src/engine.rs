@@ -255,6 +255,7 @@ pub struct Engine {
     thread: Option<JoinHandle<()>>,
     limit: usize,
     vocab: usize,
+    model: Arc<Model>,
 }
 
 impl Engine {
@@ -300,7 +301,7 @@ impl Engine {
             kv_events: Mutex::new(Vec::new()),
         });
         let worker = worker::Worker::new(
-            model,
+            model.clone(),
             tokenizer,
             config,
             cache,
@@ -319,7 +320,14 @@ impl Engine {
             thread: Some(thread),
             limit,
             vocab,
+            model,
         }
+    }
+
+    /// Tokens routed to each expert so far, `[layer][expert]` (empty for dense models); see
+    /// [`Model::expert_counts`].
+    pub fn expert_counts(&self) -> Vec<Vec<u64>> {
+        self.model.expert_counts()
     }
 
     /// Longest sequence (prompt + completion) this engine accepts.

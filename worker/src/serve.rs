@@ -265,6 +265,7 @@ async fn metrics_text(
     State(s): State<Arc<WorkerState>>,
 ) -> (StatusCode, [(&'static str, &'static str); 1], String) {
     s.metrics.observe_engine(&s.engine.stats());
+    s.metrics.observe_experts(&s.engine.expert_counts());
     let mut out = String::new();
     let registry = s.registry.lock().expect("registry lock");
     let status = match prometheus_client::encoding::text::encode(&mut out, &registry) {
