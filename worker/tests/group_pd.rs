@@ -76,20 +76,45 @@ fn wait_metric(addr: &str, name: &str, want: f64) {
     }
 }
 
+/// The tests start six model processes each: one at a time on small machines.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tp3_prefill_group_feeds_a_tp3_decode_group_rank_to_rank() {
+async fn a_tp3_prefill_group_feeds_a_tp3_decode_group_rank_to_rank_over_tcp() {
+    rank_to_rank("tcp").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tp3_prefill_group_feeds_a_tp3_decode_group_rank_to_rank_over_ucx() {
+    if !cleave_kv_transfer::ucx_available() {
+        eprintln!("SKIPPED: this build has no UCX (install libucx-dev; scripts/test does)");
+        return;
+    }
+    rank_to_rank("ucx").await;
+}
+
+async fn rank_to_rank(transport: &str) {
+    let _one = SERIAL.lock().await;
     let (prompts, want) = reference().await;
     let wraps = vec![Vec::new(); 3];
     let hosts = vec!["127.0.0.1".to_string(); 3];
-    let prefill = Group::start_bin(env!("CARGO_BIN_EXE_cleave-prefill"), &wraps, &hosts, &[]);
-    let extra = ["--local-fallback", "false"];
+    let prefill = Group::start_bin(
+        env!("CARGO_BIN_EXE_cleave-prefill"),
+        &wraps,
+        &hosts,
+        &["--transport", transport],
+    );
+    let extra = ["--local-fallback", "false", "--transport", transport];
     let decode = Group::start(&wraps, &hosts, &extra);
     let (d, p) = (decode.grpc(), prefill.grpc());
     // The long prompt (several blocks), a short one, then the long one again: its full blocks
     // are then in the decode group's prefix cache and only the rest is transferred.
     for (i, prompt) in [0, 1, 0].into_iter().map(|i| (i, &prompts[i])) {
         let got = generate_via(&d, &p, prompt, N as u32).await.unwrap();
-        assert_eq!(got, want[i], "P/D TP=3 vs one process, prompt {i}");
+        assert_eq!(
+            got, want[i],
+            "{transport}: P/D TP=3 vs one process, prompt {i}"
+        );
     }
     let http = decode.http();
     // Every request's KV came from the prefill group (no local fallback: it is off, and a

@@ -150,6 +150,19 @@ pub fn role_rank_argv(
         v.push("--group-bind".into());
         v.push(leader.to_string());
     }
+    // A `--transport` in `extra` replaces the default `tcp`.
+    if let Some(i) = extra.iter().position(|a| *a == "--transport") {
+        let at = v.iter().position(|a| a == "--transport").unwrap();
+        v.drain(at..at + 2);
+        v.extend(extra[i..].iter().take(2).map(|s| s.to_string()));
+        v.extend(
+            extra[..i]
+                .iter()
+                .chain(extra.iter().skip(i + 2))
+                .map(|s| s.to_string()),
+        );
+        return v;
+    }
     v.extend(extra.iter().map(|s| s.to_string()));
     v
 }
