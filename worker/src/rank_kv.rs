@@ -68,6 +68,12 @@ impl Relay {
     }
 }
 
+/// One request's writes on a follower: their cancellation and their tasks.
+type Pending = (
+    CancellationToken,
+    Vec<tokio::task::JoinHandle<Result<(), String>>>,
+);
+
 /// A follower's handler of [`Relay`] messages.
 pub struct FollowerRelay {
     rank: usize,
@@ -75,13 +81,7 @@ pub struct FollowerRelay {
     local: RegionHandle,
     block_bytes: usize,
     rt: tokio::runtime::Handle,
-    pending: HashMap<
-        u64,
-        (
-            CancellationToken,
-            Vec<tokio::task::JoinHandle<Result<(), String>>>,
-        ),
-    >,
+    pending: HashMap<u64, Pending>,
 }
 
 impl FollowerRelay {

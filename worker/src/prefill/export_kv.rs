@@ -43,22 +43,22 @@ fn targets(
     dest: &pb::KvDestination,
     rank0: &RankRegion,
     group_size: usize,
-) -> Result<Vec<RankRegion>, Status> {
+) -> Result<Vec<RankRegion>, String> {
     let decode_size = dest.ranks.len() + 1;
     if decode_size != group_size {
-        return Err(bad(&format!(
+        return Err(format!(
             "the decode worker is a group of {decode_size} rank(s) and this prefill worker of \
              {group_size}: rank-to-rank KV transfer needs both groups to have the same \
              tensor-parallel size (--tp)"
-        )));
+        ));
     }
     let mut all = vec![rank0.clone()];
     for (i, r) in dest.ranks.iter().enumerate() {
         all.push(RankRegion {
             address: serde_json::from_slice(&r.worker_address)
-                .map_err(|e| bad(&format!("ranks[{i}].worker_address: {e}")))?,
+                .map_err(|e| format!("ranks[{i}].worker_address: {e}"))?,
             region: serde_json::from_slice(&r.region)
-                .map_err(|e| bad(&format!("ranks[{i}].region: {e}")))?,
+                .map_err(|e| format!("ranks[{i}].region: {e}"))?,
         });
     }
     Ok(all)
@@ -90,14 +90,17 @@ pub async fn run(
         .map_err(|e| bad(&format!("worker_address: {e}")))?;
     let remote: RegionDescriptor =
         serde_json::from_slice(&dest.region).map_err(|e| bad(&format!("region: {e}")))?;
-    let targets = Arc::new(targets(
-        &dest,
-        &RankRegion {
-            address: peer.clone(),
-            region: remote.clone(),
-        },
-        state.group_size,
-    )?);
+    let targets = Arc::new(
+        targets(
+            &dest,
+            &RankRegion {
+                address: peer.clone(),
+                region: remote.clone(),
+            },
+            state.group_size,
+        )
+        .map_err(|e| bad(&e))?,
+    );
     let mut params = crate::convert::sampling(req.params)?;
     params.max_tokens = 1;
     let started = Instant::now();
