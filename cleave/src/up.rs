@@ -184,11 +184,6 @@ fn wait_ready(url: &str, timeout: Duration) -> anyhow::Result<()> {
 pub fn up(args: UpArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.decode >= 1, "--decode must be at least 1");
     anyhow::ensure!(args.tp >= 1, "--tp must be at least 1");
-    anyhow::ensure!(
-        args.tp == 1 || args.prefill == 0,
-        "--tp {} needs --prefill 0: P/D between tensor-parallel groups is not implemented yet",
-        args.tp
-    );
     let model = match &args.model {
         Some(p) => p.clone(),
         None => crate::fetch::fetch_default_model(false)?,

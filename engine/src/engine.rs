@@ -21,7 +21,7 @@ use crate::schedule::{SchedulerConfig, SchedulerCounters, SeqId};
 pub use crate::schedule::PrefillMode;
 use crate::tokenizer::Tokenizer;
 
-pub use group::{run_follower, FollowerError, GroupLink};
+pub use group::{run_follower, run_follower_with, FollowerError, GroupLink};
 pub use stop::StopMatcher;
 
 /// Engine settings.
@@ -230,6 +230,11 @@ pub(crate) enum Command {
         fallback_local: bool,
     },
     ReleaseHeld(SeqId),
+    Relay {
+        payload: Vec<u8>,
+        reply: bool,
+        done: tokio::sync::oneshot::Sender<Result<f32, String>>,
+    },
     ReadBlocks {
         blocks: Vec<BlockId>,
         reply: tokio::sync::oneshot::Sender<Vec<u8>>,
@@ -385,6 +390,22 @@ impl Engine {
     /// otherwise the request ends with [`FinishReason::Aborted`]. Either way nothing leaks.
     pub fn kv_import_failed(&self, id: SeqId, fallback_local: bool) {
         let _ = self.tx.send(Command::KvImportFailed { id, fallback_local });
+    }
+
+    /// Worker groups: hands `payload` to every follower's relay handler between two steps
+    /// (see [`run_follower_with`]). With `reply` the result is the sum of the followers'
+    /// statuses (0: every follower succeeded); without, `Ok(0.0)` once it was sent. A single
+    /// process has no followers: `Ok(0.0)`. A failed collective fails the engine.
+    pub async fn group_relay(&self, payload: Vec<u8>, reply: bool) -> Result<f32, String> {
+        let (done, rx) = tokio::sync::oneshot::channel();
+        self.tx
+            .send(Command::Relay {
+                payload,
+                reply,
+                done,
+            })
+            .map_err(|_| "the engine stopped".to_string())?;
+        rx.await.map_err(|_| "the engine stopped".to_string())?
     }
 
     /// Copies the bytes of `blocks` (each `block_bytes` long, in order) out of the KV region,

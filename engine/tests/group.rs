@@ -1,6 +1,7 @@
 //! Worker groups in one process (ranks as threads over `LocalGroup`): the leader engine
 //! broadcasts each step to follower loops and the group generates what one rank generates;
-//! a collective failure stops the engine, aborts its requests and frees every block.
+//! relay messages reach the followers and their statuses come back summed; a collective
+//! failure stops the engine, aborts its requests and frees every block.
 
 mod common;
 
@@ -177,6 +178,12 @@ async fn a_three_rank_group_generates_what_one_rank_generates() {
     );
     assert_eq!(a, (want[0].clone(), FinishReason::Length));
     assert_eq!(b, (want[1].clone(), FinishReason::Length));
+    // Relays reach every follower between steps: `run_follower`'s handler answers each with
+    // status 1, so the leader's all-reduce sees 2; without a reply nothing is summed. The
+    // group stays in lockstep afterwards.
+    assert_eq!(engine.group_relay(b"relay".to_vec(), true).await, Ok(2.0));
+    assert_eq!(engine.group_relay(b"relay".to_vec(), false).await, Ok(0.0));
+    assert_eq!(single.group_relay(b"relay".to_vec(), true).await, Ok(0.0));
     let again = collect(&engine, prompts[0].clone(), 12).await;
     assert_eq!(again.0, want[0]);
     let stats = engine.stats();

@@ -39,9 +39,8 @@ impl DecodeWorker for Decode {
         let traceparent = crate::convert::traceparent(request.metadata());
         let req = request.into_inner();
         let params = crate::convert::sampling(req.params)?;
-        // KV from a prefill worker lands in the leader's region only: a tensor-parallel group
-        // computes its prompts itself (rank-to-rank P/D is not implemented yet).
-        let remote = !req.prefill_endpoint.is_empty() && self.state.group_size == 1;
+        // A tensor-parallel group names every rank's region (crate::rank_kv).
+        let remote = !req.prefill_endpoint.is_empty();
         let mode = if remote {
             PrefillMode::Import
         } else {

@@ -4,12 +4,14 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use cleave_engine::engine::run_follower;
+use cleave_engine::engine::run_follower_with;
 use cleave_engine::kernels::Threads;
 use cleave_engine::kv::memory::{KvCache, KvLayout};
+use cleave_kv_transfer::{default_transport, TransportConfig};
 use tokio_util::sync::CancellationToken;
 
 use crate::group::Membership;
+use crate::rank_kv::{FollowerRelay, RankRegion};
 use crate::WorkerConfig;
 
 /// Runs rank `m.rank` (> 0) of the group until the leader stops it or the group fails;
@@ -44,12 +46,39 @@ pub async fn run(
         block_size: cleave_engine::kv::DEFAULT_BLOCK_SIZE,
         dtype: config.kv_dtype,
     };
-    let mut cache = KvCache::on_heap(layout, config.kv_blocks);
+    // The KV pool comes from the transport, so a prefill peer can write this rank's heads
+    // straight into it (and a prefill follower can write from it).
+    let transport = default_transport(&TransportConfig {
+        backend: config.transport,
+        ..Default::default()
+    })
+    .context("starting the KV transport")?;
+    let region = transport
+        .allocate_region(config.kv_blocks * layout.block_bytes())
+        .context("allocating the KV region")?;
+    let local = region.handle();
+    let mut cache = KvCache::new(layout, config.kv_blocks, Box::new(region))?;
+    let mine = RankRegion {
+        address: transport.local_address(),
+        region: local.descriptor(),
+    };
+    let g = group.clone();
+    tokio::task::spawn_blocking(move || crate::rank_kv::exchange(g.as_ref(), &mine)).await??;
+    let mut relay = FollowerRelay::new(
+        m.rank,
+        transport,
+        local,
+        layout.block_bytes(),
+        tokio::runtime::Handle::current(),
+    );
     println!("{{\"group_rank\":{},\"group_size\":{}}}", m.rank, m.size);
     tracing::info!(rank = m.rank, size = m.size, "follower ready");
     let g = group.clone();
-    let mut work =
-        tokio::task::spawn_blocking(move || run_follower(&model, &mut cache, g.as_ref()));
+    let mut work = tokio::task::spawn_blocking(move || {
+        run_follower_with(&model, &mut cache, g.as_ref(), &mut |p: &[u8]| {
+            relay.handle(p)
+        })
+    });
     let res = tokio::select! {
         r = &mut work => r,
         _ = shutdown.cancelled() => {

@@ -21,6 +21,7 @@ pub mod follower;
 pub mod group;
 pub mod metrics;
 pub mod prefill;
+pub mod rank_kv;
 pub mod register;
 pub mod serve;
 pub mod watch;

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Role, WorkerConfig};
 use crate::metrics::WorkerMetrics;
+use crate::rank_kv::RankRegion;
 use crate::watch::WatchHub;
 
 /// Everything a worker's request handlers share.
@@ -39,6 +40,8 @@ pub struct WorkerState {
     pub metrics: Arc<WorkerMetrics>,
     /// Ranks in this worker's group (1: a single process).
     pub group_size: usize,
+    /// The KV regions of ranks 1..N-1 of this worker's group (empty for a single process).
+    pub ranks: Vec<RankRegion>,
     /// KV events and load for routers.
     pub watch: Arc<WatchHub>,
     registry: Mutex<Registry>,
@@ -79,12 +82,6 @@ pub async fn run(
         );
     }
     let group_size = membership.as_ref().map_or(1, |m| m.size);
-    anyhow::ensure!(
-        group_size == 1 || role == Role::Decode,
-        "a prefill worker cannot be a group yet (--tp {group_size}): prefill-to-decode KV \
-         transfer between tensor-parallel groups is not implemented; run decode groups \
-         without prefill workers"
-    );
     let group = match membership {
         Some(m) => {
             let args = config.group.clone();
@@ -114,6 +111,22 @@ pub async fn run(
         .context("allocating the KV region")?;
     let handle = region.handle();
     let cache = KvCache::new(layout, config.kv_blocks, Box::new(region))?;
+    // Every rank's transport address and KV region, for rank-to-rank P/D (crate::rank_kv).
+    let ranks = match &group {
+        Some(g) => {
+            let mine = RankRegion {
+                address: transport.local_address(),
+                region: handle.descriptor(),
+            };
+            let g = g.clone();
+            let mut all =
+                tokio::task::spawn_blocking(move || crate::rank_kv::exchange(g.as_ref(), &mine))
+                    .await??;
+            all.remove(0);
+            all
+        }
+        None => Vec::new(),
+    };
     let engine_config = EngineConfig {
         num_blocks: config.kv_blocks,
         kv_dtype: config.kv_dtype,
@@ -148,6 +161,7 @@ pub async fn run(
         layout,
         metrics,
         group_size,
+        ranks,
         watch,
         registry: Mutex::new(registry),
         ready: AtomicBool::new(false),

@@ -259,6 +259,7 @@ async fn a_dropped_prefill_call_aborts_the_prefill_and_its_transfers() {
         blocks: (0..blocks as u32).collect(),
         block_bytes: decode.state.layout.block_bytes() as u64,
         skip_blocks: 0,
+        ranks: Vec::new(),
     };
     let req = pb::PrefillRequest {
         request_id: "dropped".into(),

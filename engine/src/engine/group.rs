@@ -9,7 +9,11 @@
 //!   noticed while no request runs);
 //! - `2`: a step: `u32` chunk count, then per chunk `u8` logits (0 none, 1 last, 2 all),
 //!   `u32` start position, `u32` token count, the tokens, `u32` block count, the block ids
-//!   (only the blocks the chunk reaches).
+//!   (only the blocks the chunk reaches);
+//! - `3`: a relay: `u8` reply flag, then an opaque payload for the follower's relay handler
+//!   (the worker uses it to have each rank write its own KV heads to a peer); with the flag
+//!   set every rank then joins an all-reduce of the handler's status (0 = ok), so the leader
+//!   learns whether every follower succeeded.
 
 use std::time::Duration;
 
@@ -21,6 +25,7 @@ use crate::model::{Logits, Model, SeqChunk, Workspace};
 const STOP: u8 = 0;
 const HEARTBEAT: u8 = 1;
 const STEP: u8 = 2;
+const RELAY: u8 = 3;
 
 /// How the leader keeps its group in lockstep.
 #[derive(Clone)]
@@ -51,6 +56,13 @@ pub enum StepMessage {
     Heartbeat,
     /// Run this batch.
     Step(Vec<OwnedChunk>),
+    /// Hand the payload to the relay handler; with `reply`, all-reduce its status.
+    Relay {
+        /// Whether the leader waits for every rank's status.
+        reply: bool,
+        /// Opaque to the engine.
+        payload: Vec<u8>,
+    },
 }
 
 /// A [`SeqChunk`] with owned buffers.
@@ -100,6 +112,14 @@ fn put(out: &mut Vec<u8>, n: usize) {
 pub fn encode_control(stop: bool, out: &mut Vec<u8>) {
     out.clear();
     out.push(if stop { STOP } else { HEARTBEAT });
+}
+
+/// A relay message (kind 3) carrying `payload`.
+pub fn encode_relay(payload: &[u8], reply: bool, out: &mut Vec<u8>) {
+    out.clear();
+    out.push(RELAY);
+    out.push(u8::from(reply));
+    out.extend_from_slice(payload);
 }
 
 struct Reader<'a> {
@@ -163,6 +183,11 @@ pub fn decode(buf: &[u8]) -> Result<StepMessage, FollowerError> {
             }
             StepMessage::Step(chunks)
         }
+        RELAY => {
+            let reply = r.u8()? != 0;
+            let payload = std::mem::take(&mut r.buf).to_vec();
+            StepMessage::Relay { reply, payload }
+        }
         other => return Err(FollowerError::BadMessage(format!("message kind {other}"))),
     };
     if !r.buf.is_empty() {
@@ -201,11 +226,22 @@ fn validate(chunks: &[OwnedChunk], model: &Model, cache: &KvCache) -> Result<(),
 }
 
 /// Runs a follower rank until the leader stops it (`Ok`) or the group fails (`Err`). Returns the
-/// number of steps run.
+/// number of steps run. Relay messages are answered with a failure status (no handler).
 pub fn run_follower(
     model: &Model,
     cache: &mut KvCache,
     group: &dyn Collective,
+) -> Result<u64, FollowerError> {
+    run_follower_with(model, cache, group, &mut |_: &[u8]| 1.0)
+}
+
+/// [`run_follower`] with a handler for relay messages: it gets the payload and returns this
+/// rank's status (0 = ok), which is summed over the ranks when the leader asked for a reply.
+pub fn run_follower_with(
+    model: &Model,
+    cache: &mut KvCache,
+    group: &dyn Collective,
+    on_relay: &mut dyn FnMut(&[u8]) -> f32,
 ) -> Result<u64, FollowerError> {
     if group.rank() == 0 {
         return Err(FollowerError::BadMessage(
@@ -221,6 +257,12 @@ pub fn run_follower(
         match decode(&buf)? {
             StepMessage::Stop => return Ok(steps),
             StepMessage::Heartbeat => group.barrier()?,
+            StepMessage::Relay { reply, payload } => {
+                let mut status = [on_relay(&payload)];
+                if reply {
+                    group.all_reduce_sum(&mut status)?;
+                }
+            }
             StepMessage::Step(chunks) => {
                 validate(&chunks, model, cache)?;
                 let seq: Vec<SeqChunk> = chunks
@@ -275,6 +317,14 @@ mod tests {
         assert_eq!(decode(&buf).unwrap(), StepMessage::Stop);
         encode_control(false, &mut buf);
         assert_eq!(decode(&buf).unwrap(), StepMessage::Heartbeat);
+        encode_relay(b"xyz", true, &mut buf);
+        assert_eq!(
+            decode(&buf).unwrap(),
+            StepMessage::Relay {
+                reply: true,
+                payload: b"xyz".to_vec()
+            }
+        );
     }
 
     #[test]

@@ -52,6 +52,8 @@ pub(super) struct Worker {
     msg: Vec<u8>,
     /// When the followers last heard from this leader (a step or a heartbeat).
     last_sync: std::time::Instant,
+    /// A collective failed while handling a command (a relay): the engine must stop.
+    broken: Option<CollectiveError>,
 }
 
 impl Worker {
@@ -85,6 +87,7 @@ impl Worker {
             group: group.filter(|g| g.collective.world() > 1),
             msg: Vec::new(),
             last_sync: std::time::Instant::now(),
+            broken: None,
         };
         w.publish();
         w
@@ -105,6 +108,9 @@ impl Worker {
                         if !self.handle(c) {
                             return self.shutdown();
                         }
+                        if let Some(e) = self.broken.take() {
+                            return self.fail(e);
+                        }
                     }
                     Err(mpsc::RecvTimeoutError::Timeout) => {
                         if let Err(e) = self.heartbeat() {
@@ -120,6 +126,9 @@ impl Worker {
                     Ok(c) => {
                         if !self.handle(c) {
                             return self.shutdown();
+                        }
+                        if let Some(e) = self.broken.take() {
+                            return self.fail(e);
                         }
                     }
                     Err(mpsc::TryRecvError::Empty) => break,
@@ -185,6 +194,17 @@ impl Worker {
             Command::ReleaseHeld(id) => {
                 if let Some(blocks) = self.held.remove(&id) {
                     self.sched.release_blocks(&blocks);
+                }
+            }
+            Command::Relay {
+                payload,
+                reply,
+                done,
+            } => {
+                let r = self.relay(&payload, reply);
+                let _ = done.send(r.as_ref().map(|&s| s).map_err(|e| e.to_string()));
+                if let Err(e) = r {
+                    self.broken = Some(e);
                 }
             }
             Command::ReadBlocks { blocks, reply } => {

@@ -86,6 +86,17 @@ async fn call(state: &WorkerState, job: &Job) -> Result<pb::PrefillResponse, Str
         serde_json::to_vec(&state.transport.local_address()).map_err(|e| e.to_string())?;
     let region = serde_json::to_vec(&state.region.descriptor()).map_err(|e| e.to_string())?;
     let bs = state.layout.block_size;
+    let ranks = state
+        .ranks
+        .iter()
+        .map(|r| {
+            Ok(pb::KvRankRegion {
+                worker_address: serde_json::to_vec(&r.address)?,
+                region: serde_json::to_vec(&r.region)?,
+            })
+        })
+        .collect::<Result<Vec<_>, serde_json::Error>>()
+        .map_err(|e| e.to_string())?;
     let req = pb::PrefillRequest {
         request_id: job.request_id.clone(),
         prompt: job.prompt.clone(),
@@ -96,6 +107,7 @@ async fn call(state: &WorkerState, job: &Job) -> Result<pb::PrefillResponse, Str
             blocks: job.blocks.iter().map(|b| b.0).collect(),
             block_bytes: state.layout.block_bytes() as u64,
             skip_blocks: (job.cached_tokens / bs) as u32,
+            ranks,
         }),
     };
     let mut request = tonic::Request::new(req);

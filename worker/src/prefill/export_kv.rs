@@ -12,6 +12,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
+use crate::rank_kv::{RankRegion, Relay};
 use crate::serve::WorkerState;
 
 /// Cancels the sequence and its transfers unless disarmed (the request finished normally).
@@ -27,8 +28,40 @@ impl Drop for Guard<'_> {
         if self.armed {
             self.cancel.cancel();
             self.state.engine.cancel(self.id);
+            if self.state.group_size > 1 {
+                // The followers' writes for this request stop too.
+                let engine = self.state.engine.clone();
+                let msg = Relay::Cancel { key: self.id.0 }.encode();
+                tokio::spawn(async move { engine.group_relay(msg, false).await });
+            }
         }
     }
+}
+
+/// Every decode rank's region, indexed by rank; the decode group must be as large as ours.
+fn targets(
+    dest: &pb::KvDestination,
+    rank0: &RankRegion,
+    group_size: usize,
+) -> Result<Vec<RankRegion>, String> {
+    let decode_size = dest.ranks.len() + 1;
+    if decode_size != group_size {
+        return Err(format!(
+            "the decode worker is a group of {decode_size} rank(s) and this prefill worker of \
+             {group_size}: rank-to-rank KV transfer needs both groups to have the same \
+             tensor-parallel size (--tp)"
+        ));
+    }
+    let mut all = vec![rank0.clone()];
+    for (i, r) in dest.ranks.iter().enumerate() {
+        all.push(RankRegion {
+            address: serde_json::from_slice(&r.worker_address)
+                .map_err(|e| format!("ranks[{i}].worker_address: {e}"))?,
+            region: serde_json::from_slice(&r.region)
+                .map_err(|e| format!("ranks[{i}].region: {e}"))?,
+        });
+    }
+    Ok(all)
 }
 
 fn bad(what: &str) -> Status {
@@ -57,6 +90,17 @@ pub async fn run(
         .map_err(|e| bad(&format!("worker_address: {e}")))?;
     let remote: RegionDescriptor =
         serde_json::from_slice(&dest.region).map_err(|e| bad(&format!("region: {e}")))?;
+    let targets = Arc::new(
+        targets(
+            &dest,
+            &RankRegion {
+                address: peer.clone(),
+                region: remote.clone(),
+            },
+            state.group_size,
+        )
+        .map_err(|e| bad(&e))?,
+    );
     let mut params = crate::convert::sampling(req.params)?;
     params.max_tokens = 1;
     let started = Instant::now();
@@ -96,6 +140,23 @@ pub async fn run(
                 if ops.is_empty() {
                     continue;
                 }
+                if state.group_size > 1 {
+                    // Each follower writes its own heads of the same blocks to its decode rank.
+                    let msg = Relay::Write {
+                        key: id.0,
+                        targets: targets.to_vec(),
+                        blocks: blocks
+                            .iter()
+                            .filter(|(i, _)| *i >= skip)
+                            .map(|&(i, b)| (b.0, dest.blocks[i]))
+                            .collect(),
+                    };
+                    state
+                        .engine
+                        .group_relay(msg.encode(), false)
+                        .await
+                        .map_err(|e| Status::unavailable(format!("worker group: {e}")))?;
+                }
                 let (t, peer, remote, local, c) = (
                     state.transport.clone(),
                     peer.clone(),
@@ -132,6 +193,19 @@ pub async fn run(
                 )))
             }
             Err(e) => return Err(Status::internal(format!("transfer task: {e}"))),
+        }
+    }
+    if state.group_size > 1 {
+        // Every follower's writes must be confirmed too before the decode side may read.
+        let failed = state
+            .engine
+            .group_relay(Relay::Finish { key: id.0 }.encode(), true)
+            .await
+            .map_err(|e| Status::unavailable(format!("worker group: {e}")))?;
+        if failed != 0.0 {
+            return Err(Status::unavailable(format!(
+                "writing KV to the decode worker: {failed} rank(s) of this prefill group failed"
+            )));
         }
     }
     // Every block is at the decode worker: ours can go back to the pool (cached).

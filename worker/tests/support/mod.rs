@@ -99,8 +99,29 @@ pub fn rank_argv(
     leader: &str,
     extra: &[&str],
 ) -> Vec<String> {
+    role_rank_argv(
+        env!("CARGO_BIN_EXE_cleave-decode"),
+        wrap,
+        host,
+        size,
+        rank,
+        leader,
+        extra,
+    )
+}
+
+/// [`rank_argv`] of the worker binary `bin` (`cleave-decode` or `cleave-prefill`).
+pub fn role_rank_argv(
+    bin: &str,
+    wrap: &[String],
+    host: &str,
+    size: usize,
+    rank: usize,
+    leader: &str,
+    extra: &[&str],
+) -> Vec<String> {
     let mut v: Vec<String> = wrap.to_vec();
-    v.push(env!("CARGO_BIN_EXE_cleave-decode").into());
+    v.push(bin.into());
     for a in [
         "--model",
         default_model_path().to_str().unwrap(),
@@ -129,6 +150,19 @@ pub fn rank_argv(
         v.push("--group-bind".into());
         v.push(leader.to_string());
     }
+    // A `--transport` in `extra` replaces the default `tcp`.
+    if let Some(i) = extra.iter().position(|a| *a == "--transport") {
+        let at = v.iter().position(|a| a == "--transport").unwrap();
+        v.drain(at..at + 2);
+        v.extend(extra[i..].iter().take(2).map(|s| s.to_string()));
+        v.extend(
+            extra[..i]
+                .iter()
+                .chain(extra.iter().skip(i + 2))
+                .map(|s| s.to_string()),
+        );
+        return v;
+    }
     v.extend(extra.iter().map(|s| s.to_string()));
     v
 }
@@ -141,12 +175,17 @@ pub struct Group {
 impl Group {
     /// Starts the followers, then the leader, and waits for all of them.
     pub fn start(wraps: &[Vec<String>], hosts: &[String], extra: &[&str]) -> Group {
+        Group::start_bin(env!("CARGO_BIN_EXE_cleave-decode"), wraps, hosts, extra)
+    }
+
+    /// [`Group::start`] of the worker binary `bin`.
+    pub fn start_bin(bin: &str, wraps: &[Vec<String>], hosts: &[String], extra: &[&str]) -> Group {
         let size = wraps.len();
         let leader = format!("{}:{}", hosts[0], free_port());
         // Followers first: they wait for the leader's listener (their ready line comes after
         // the group formed, so start all and then read the lines).
         let argvs: Vec<Vec<String>> = (0..size)
-            .map(|r| rank_argv(&wraps[r], &hosts[r], size, r, &leader, extra))
+            .map(|r| role_rank_argv(bin, &wraps[r], &hosts[r], size, r, &leader, extra))
             .collect();
         let handles: Vec<_> = argvs
             .into_iter()
@@ -176,6 +215,16 @@ fn greedy(n: u32) -> pb::SamplingParams {
 
 /// Greedy tokens from a decode worker, or the gRPC error that ended the stream.
 pub async fn generate(endpoint: &str, prompt: &[u32], n: u32) -> Result<Vec<u32>, String> {
+    generate_via(endpoint, "", prompt, n).await
+}
+
+/// [`generate`] with the prompt's KV from the prefill worker at `prefill` (empty: none).
+pub async fn generate_via(
+    endpoint: &str,
+    prefill: &str,
+    prompt: &[u32],
+    n: u32,
+) -> Result<Vec<u32>, String> {
     let mut client = DecodeWorkerClient::connect(endpoint.to_string())
         .await
         .map_err(|e| e.to_string())?;
@@ -183,7 +232,7 @@ pub async fn generate(endpoint: &str, prompt: &[u32], n: u32) -> Result<Vec<u32>
         request_id: "group-test".into(),
         prompt: prompt.to_vec(),
         params: Some(greedy(n)),
-        prefill_endpoint: String::new(),
+        prefill_endpoint: prefill.to_string(),
     };
     let mut stream = client
         .generate(req)

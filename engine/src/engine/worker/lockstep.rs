@@ -2,7 +2,7 @@
 //! group breaks, heartbeats while idle.
 
 use crate::collective::CollectiveError;
-use crate::engine::group::encode_control;
+use crate::engine::group::{encode_control, encode_relay};
 use crate::engine::FinishReason;
 
 use super::Worker;
@@ -36,5 +36,21 @@ impl Worker {
         g.collective.barrier()?;
         self.last_sync = std::time::Instant::now();
         Ok(())
+    }
+
+    /// Relays `payload` to the followers; with `reply`, the sum of their statuses.
+    pub(super) fn relay(&mut self, payload: &[u8], reply: bool) -> Result<f32, CollectiveError> {
+        let Some(g) = &self.group else {
+            return Ok(0.0);
+        };
+        encode_relay(payload, reply, &mut self.msg);
+        g.collective.broadcast(0, &mut self.msg)?;
+        self.last_sync = std::time::Instant::now();
+        if !reply {
+            return Ok(0.0);
+        }
+        let mut status = [0.0f32];
+        g.collective.all_reduce_sum(&mut status)?;
+        Ok(status[0])
     }
 }

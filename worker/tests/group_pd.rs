@@ -1,0 +1,175 @@
+//! Disaggregated prefill/decode between two tensor-parallel groups of real processes: a TP=3
+//! `cleave-prefill` group writes each rank's KV heads straight into the matching rank of a TP=3
+//! `cleave-decode` group (rank to rank, over TCP), and the decode group then generates the
+//! single-process greedy tokens. A prefill group asked to write into a group of another size
+//! refuses with a clear error.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use cleave_engine::engine::{Engine, EngineConfig, GenerateRequest, SeqEvent};
+use cleave_engine::gguf::default_model_path;
+use cleave_engine::kernels::Threads;
+use cleave_engine::kv::memory::{KvDtype, KvLayout};
+use cleave_engine::load::Loaded;
+use cleave_engine::sample::SamplingParams;
+use cleave_proto::v1 as pb;
+use cleave_proto::v1::prefill_worker_client::PrefillWorkerClient;
+use support::{generate_via, metric, Group};
+
+/// Tokens compared (see worker/tests/group.rs on why not many more).
+const N: usize = 12;
+
+fn prompts(l: &Loaded) -> Vec<Vec<u32>> {
+    let long = "Licensed under the Apache License, Version 2.0 (the \"License\"); you may not use \
+                this file except in compliance with the License. "
+        .repeat(3);
+    vec![
+        l.encode_text(&long),
+        l.encode_text("The capital of France is"),
+    ]
+}
+
+/// Greedy tokens of the single-process engine.
+async fn reference() -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
+    let l = Loaded::open(&default_model_path(), Threads::single()).unwrap();
+    let e = Engine::start(
+        l.model.clone(),
+        l.tokenizer.clone(),
+        EngineConfig::default(),
+    );
+    let mut want = Vec::new();
+    for p in prompts(&l) {
+        let params = SamplingParams {
+            max_tokens: N,
+            ignore_eos: true,
+            ..Default::default()
+        };
+        let (_, mut rx) = e.submit(GenerateRequest::new(p, params)).unwrap();
+        let mut ids = Vec::new();
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                SeqEvent::Token { id, .. } => ids.push(id),
+                SeqEvent::Done { .. } => break,
+                _ => {}
+            }
+        }
+        want.push(ids);
+    }
+    (prompts(&l), want)
+}
+
+/// Waits until the metric reads `want` (gauges are published asynchronously).
+fn wait_metric(addr: &str, name: &str, want: f64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = metric(addr, name);
+        if got == Some(want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{addr}: {name} is {got:?}, not {want}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The tests start six model processes each: one at a time on small machines.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tp3_prefill_group_feeds_a_tp3_decode_group_rank_to_rank_over_tcp() {
+    rank_to_rank("tcp").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tp3_prefill_group_feeds_a_tp3_decode_group_rank_to_rank_over_ucx() {
+    if !cleave_kv_transfer::ucx_available() {
+        eprintln!("SKIPPED: this build has no UCX (install libucx-dev; scripts/test does)");
+        return;
+    }
+    rank_to_rank("ucx").await;
+}
+
+async fn rank_to_rank(transport: &str) {
+    let _one = SERIAL.lock().await;
+    let (prompts, want) = reference().await;
+    let wraps = vec![Vec::new(); 3];
+    let hosts = vec!["127.0.0.1".to_string(); 3];
+    let prefill = Group::start_bin(
+        env!("CARGO_BIN_EXE_cleave-prefill"),
+        &wraps,
+        &hosts,
+        &["--transport", transport],
+    );
+    let extra = ["--local-fallback", "false", "--transport", transport];
+    let decode = Group::start(&wraps, &hosts, &extra);
+    let (d, p) = (decode.grpc(), prefill.grpc());
+    // The long prompt (several blocks), a short one, then the long one again: its full blocks
+    // are then in the decode group's prefix cache and only the rest is transferred.
+    for (i, prompt) in [0, 1, 0].into_iter().map(|i| (i, &prompts[i])) {
+        let got = generate_via(&d, &p, prompt, N as u32).await.unwrap();
+        assert_eq!(
+            got, want[i],
+            "{transport}: P/D TP=3 vs one process, prompt {i}"
+        );
+    }
+    let http = decode.http();
+    // Every request's KV came from the prefill group (no local fallback: it is off, and a
+    // failed import would have aborted the request).
+    wait_metric(&http, "cleave_worker_disaggregated_requests_total", 3.0);
+    wait_metric(&http, "cleave_kv_blocks_used", 0.0);
+    wait_metric(&prefill.http(), "cleave_kv_blocks_used", 0.0);
+    assert!(
+        metric(&prefill.http(), "cleave_kv_transfer_bytes_total").unwrap_or(0.0) > 0.0,
+        "the prefill leader wrote nothing"
+    );
+
+    // A destination naming one rank (a single-process decode worker) is refused by name.
+    let mut client = PrefillWorkerClient::connect(p.clone()).await.unwrap();
+    let req = pb::PrefillRequest {
+        request_id: "mismatch".into(),
+        prompt: prompts[0].clone(),
+        params: Some(pb::SamplingParams {
+            max_tokens: 1,
+            top_p: 1.0,
+            ..Default::default()
+        }),
+        destination: Some(pb::KvDestination {
+            worker_address: br#"{"tcp":"127.0.0.1:9"}"#.to_vec(),
+            region: br#"{"owner":"127.0.0.1:9","id":1,"len":1048576}"#.to_vec(),
+            blocks: (0..prompts[0].len().div_ceil(16) as u32).collect(),
+            block_bytes: 0,
+            skip_blocks: 0,
+            ranks: Vec::new(),
+        }),
+    };
+    let err = client.prefill(req.clone()).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    // block_bytes 0 is refused first; with the right size the group size is what is wrong.
+    let mut req = req;
+    req.destination.as_mut().unwrap().block_bytes = block_bytes_of_rank();
+    let err = client.prefill(req).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().contains("same tensor-parallel size"),
+        "{}",
+        err.message()
+    );
+}
+
+/// Bytes of one KV block of one rank of a TP=3 group of the default model (default KV dtype).
+fn block_bytes_of_rank() -> u64 {
+    let l = Loaded::open(&default_model_path(), Threads::single()).unwrap();
+    let c = &l.model.config;
+    KvLayout {
+        n_layers: c.n_layers,
+        n_kv_heads: c.n_kv_heads / 3,
+        head_dim: c.head_dim,
+        block_size: cleave_engine::kv::DEFAULT_BLOCK_SIZE,
+        dtype: KvDtype::F32,
+    }
+    .block_bytes() as u64
+}
