@@ -2,8 +2,8 @@
 //! the engine. `main.rs` only parses arguments and calls [`run`].
 
 pub mod bench;
-pub mod bench_compare;
 pub mod bench_collectives;
+pub mod bench_compare;
 pub mod bench_route;
 pub mod bench_serve;
 pub mod fetch;

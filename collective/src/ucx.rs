@@ -36,14 +36,15 @@ fn status_text(status: sys::ucs_status_t) -> String {
         .into_owned()
 }
 
+fn call_error(call: &str, status: sys::ucs_status_t) -> GroupError {
+    GroupError::Unsupported(format!("{call}: {}", status_text(status)))
+}
+
 fn check(call: &str, status: sys::ucs_status_t) -> Result<(), GroupError> {
     if status == sys::ucs_status_t::UCS_OK {
         Ok(())
     } else {
-        Err(GroupError::Unsupported(format!(
-            "{call}: {}",
-            status_text(status)
-        )))
+        Err(call_error(call, status))
     }
 }
 
@@ -79,44 +80,11 @@ unsafe impl Sync for Ucx {}
 impl Ucx {
     /// Creates the context and worker; returns them with the worker's packed address.
     pub(crate) fn new() -> Result<(Ucx, Vec<u8>), GroupError> {
-        let mut config: *mut sys::ucp_config_t = null_mut();
-        // SAFETY: out-pointer to a local; NULL prefix and file mean the defaults.
-        check("ucp_config_read", unsafe {
-            sys::ucp_config_read(null_mut(), null_mut(), &mut config)
-        })?;
-        let params = sys::ucp_params_t {
-            field_mask: sys::UCP_PARAM_FIELD_FEATURES as u64,
-            features: (sys::UCP_FEATURE_TAG | sys::UCP_FEATURE_WAKEUP) as u64,
-            ..Default::default()
-        };
-        let mut context: sys::ucp_context_h = null_mut();
-        // SAFETY: params and config are valid for the call.
-        let status = unsafe {
-            sys::ucp_init_version(
-                sys::UCP_API_MAJOR,
-                sys::UCP_API_MINOR,
-                &params,
-                config,
-                &mut context,
-            )
-        };
-        // SAFETY: released once, after use.
-        unsafe { sys::ucp_config_release(config) };
-        check("ucp_init", status)?;
-        let wparams = sys::ucp_worker_params_t {
-            field_mask: sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE as u64,
-            thread_mode: sys::ucs_thread_mode_t::UCS_THREAD_MODE_SERIALIZED,
-            ..Default::default()
-        };
-        let mut worker: sys::ucp_worker_h = null_mut();
-        // SAFETY: live context; out-pointer.
-        if let Err(e) = check("ucp_worker_create", unsafe {
-            sys::ucp_worker_create(context, &wparams, &mut worker)
-        }) {
-            // SAFETY: the context is unused elsewhere.
-            unsafe { sys::ucp_cleanup(context) };
-            return Err(e);
-        }
+        let (context, worker) = sys::setup::context_and_worker(
+            (sys::UCP_FEATURE_TAG | sys::UCP_FEATURE_WAKEUP) as u64,
+            sys::ucs_thread_mode_t::UCS_THREAD_MODE_SERIALIZED,
+        )
+        .map_err(|e| call_error(e.call, e.status))?;
         let mut ucx = Ucx {
             context,
             worker,

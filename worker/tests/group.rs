@@ -8,11 +8,9 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use cleave_engine::engine::{Engine, EngineConfig, GenerateRequest, SeqEvent};
 use cleave_engine::gguf::default_model_path;
 use cleave_engine::kernels::Threads;
 use cleave_engine::load::Loaded;
-use cleave_engine::sample::SamplingParams;
 use support::{generate, http_get, metric, Group, Netns};
 
 /// Tokens compared. Splitting heads and the FFN across ranks changes the order of sums, so a
@@ -37,31 +35,7 @@ fn prompts(l: &Loaded) -> Vec<Vec<u32>> {
 
 /// Greedy tokens of the single-process engine.
 async fn reference() -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
-    let l = Loaded::open(&default_model_path(), Threads::single()).unwrap();
-    let e = Engine::start(
-        l.model.clone(),
-        l.tokenizer.clone(),
-        EngineConfig::default(),
-    );
-    let mut want = Vec::new();
-    for p in prompts(&l) {
-        let params = SamplingParams {
-            max_tokens: N,
-            ignore_eos: true,
-            ..Default::default()
-        };
-        let (_, mut rx) = e.submit(GenerateRequest::new(p, params)).unwrap();
-        let mut ids = Vec::new();
-        while let Some(ev) = rx.recv().await {
-            match ev {
-                SeqEvent::Token { id, .. } => ids.push(id),
-                SeqEvent::Done { .. } => break,
-                _ => {}
-            }
-        }
-        want.push(ids);
-    }
-    (prompts(&l), want)
+    support::single_process_tokens(prompts, N).await
 }
 
 async fn check_tokens(group: &Group, prompts: &[Vec<u32>], want: &[Vec<u32>]) {

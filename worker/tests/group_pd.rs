@@ -8,12 +8,10 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use cleave_engine::engine::{Engine, EngineConfig, GenerateRequest, SeqEvent};
 use cleave_engine::gguf::default_model_path;
 use cleave_engine::kernels::Threads;
 use cleave_engine::kv::memory::{KvDtype, KvLayout};
 use cleave_engine::load::Loaded;
-use cleave_engine::sample::SamplingParams;
 use cleave_proto::v1 as pb;
 use cleave_proto::v1::prefill_worker_client::PrefillWorkerClient;
 use support::{generate_via, metric, Group};
@@ -33,31 +31,7 @@ fn prompts(l: &Loaded) -> Vec<Vec<u32>> {
 
 /// Greedy tokens of the single-process engine.
 async fn reference() -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
-    let l = Loaded::open(&default_model_path(), Threads::single()).unwrap();
-    let e = Engine::start(
-        l.model.clone(),
-        l.tokenizer.clone(),
-        EngineConfig::default(),
-    );
-    let mut want = Vec::new();
-    for p in prompts(&l) {
-        let params = SamplingParams {
-            max_tokens: N,
-            ignore_eos: true,
-            ..Default::default()
-        };
-        let (_, mut rx) = e.submit(GenerateRequest::new(p, params)).unwrap();
-        let mut ids = Vec::new();
-        while let Some(ev) = rx.recv().await {
-            match ev {
-                SeqEvent::Token { id, .. } => ids.push(id),
-                SeqEvent::Done { .. } => break,
-                _ => {}
-            }
-        }
-        want.push(ids);
-    }
-    (prompts(&l), want)
+    support::single_process_tokens(prompts, N).await
 }
 
 /// Waits until the metric reads `want` (gauges are published asynchronously).

@@ -17,3 +17,69 @@ pub const HAVE_UCX: bool = cfg!(have_ucx);
 
 #[cfg(have_ucx)]
 include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
+
+/// The set-up every UCX user here repeats: a context and one worker.
+#[cfg(have_ucx)]
+pub mod setup {
+    use super::*;
+    use std::ptr::null_mut;
+
+    /// A UCX call that failed, and its status.
+    #[derive(Clone, Copy, Debug)]
+    pub struct CallError {
+        /// The function called.
+        pub call: &'static str,
+        /// What it returned.
+        pub status: ucs_status_t,
+    }
+
+    fn check(call: &'static str, status: ucs_status_t) -> Result<(), CallError> {
+        if status == ucs_status_t::UCS_OK {
+            Ok(())
+        } else {
+            Err(CallError { call, status })
+        }
+    }
+
+    /// Reads the default configuration, initialises a context with `features`
+    /// (`UCP_FEATURE_*` bits) and creates one worker in `thread_mode`. The caller owns both
+    /// handles (`ucp_worker_destroy`, then `ucp_cleanup`); on error nothing is left behind.
+    pub fn context_and_worker(
+        features: u64,
+        thread_mode: ucs_thread_mode_t,
+    ) -> Result<(ucp_context_h, ucp_worker_h), CallError> {
+        let mut config: *mut ucp_config_t = null_mut();
+        // SAFETY: out-pointer to a local; NULL env prefix and file mean the defaults.
+        check("ucp_config_read", unsafe {
+            ucp_config_read(null_mut(), null_mut(), &mut config)
+        })?;
+        let params = ucp_params_t {
+            field_mask: UCP_PARAM_FIELD_FEATURES as u64,
+            features,
+            ..Default::default()
+        };
+        let mut context: ucp_context_h = null_mut();
+        // SAFETY: params and config are valid for the call; the context is the caller's.
+        let status = unsafe {
+            ucp_init_version(UCP_API_MAJOR, UCP_API_MINOR, &params, config, &mut context)
+        };
+        // SAFETY: config came from ucp_config_read and is released once.
+        unsafe { ucp_config_release(config) };
+        check("ucp_init", status)?;
+        let worker_params = ucp_worker_params_t {
+            field_mask: UCP_WORKER_PARAM_FIELD_THREAD_MODE as u64,
+            thread_mode,
+            ..Default::default()
+        };
+        let mut worker: ucp_worker_h = null_mut();
+        // SAFETY: context is live; worker is an out-pointer.
+        if let Err(e) = check("ucp_worker_create", unsafe {
+            ucp_worker_create(context, &worker_params, &mut worker)
+        }) {
+            // SAFETY: context is live and unused elsewhere.
+            unsafe { ucp_cleanup(context) };
+            return Err(e);
+        }
+        Ok((context, worker))
+    }
+}

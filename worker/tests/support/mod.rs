@@ -7,7 +7,11 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use cleave_engine::engine::{Engine, EngineConfig, GenerateRequest, SeqEvent};
 use cleave_engine::gguf::default_model_path;
+use cleave_engine::kernels::Threads;
+use cleave_engine::load::Loaded;
+use cleave_engine::sample::SamplingParams;
 use cleave_proto::v1 as pb;
 use cleave_proto::v1::decode_worker_client::DecodeWorkerClient;
 
@@ -376,4 +380,37 @@ impl Drop for Netns {
         }
         let _ = ip(&["link", "del", &self.bridge]);
     }
+}
+
+/// Greedy tokens (`n` per prompt) of the single-process engine of the default model, with the
+/// prompts `prompts` makes from its tokenizer: what every group test compares against.
+pub async fn single_process_tokens(
+    prompts: fn(&Loaded) -> Vec<Vec<u32>>,
+    n: usize,
+) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
+    let l = Loaded::open(&default_model_path(), Threads::single()).unwrap();
+    let e = Engine::start(
+        l.model.clone(),
+        l.tokenizer.clone(),
+        EngineConfig::default(),
+    );
+    let mut want = Vec::new();
+    for p in prompts(&l) {
+        let params = SamplingParams {
+            max_tokens: n,
+            ignore_eos: true,
+            ..Default::default()
+        };
+        let (_, mut rx) = e.submit(GenerateRequest::new(p, params)).unwrap();
+        let mut ids = Vec::new();
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                SeqEvent::Token { id, .. } => ids.push(id),
+                SeqEvent::Done { .. } => break,
+                _ => {}
+            }
+        }
+        want.push(ids);
+    }
+    (prompts(&l), want)
 }

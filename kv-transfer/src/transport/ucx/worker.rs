@@ -174,44 +174,11 @@ fn ptr_status(ptr: *mut c_void) -> Option<sys::ucs_status_t> {
 
 impl State {
     fn new() -> Result<(State, Vec<u8>), Error> {
-        let mut config: *mut sys::ucp_config_t = null_mut();
-        // SAFETY: out-pointer to a local; NULL env prefix and file mean the defaults.
-        check("ucp_config_read", unsafe {
-            sys::ucp_config_read(null_mut(), null_mut(), &mut config)
-        })?;
-        let params = sys::ucp_params_t {
-            field_mask: sys::UCP_PARAM_FIELD_FEATURES as u64,
-            features: (sys::UCP_FEATURE_RMA | sys::UCP_FEATURE_WAKEUP) as u64,
-            ..Default::default()
-        };
-        let mut context: sys::ucp_context_h = null_mut();
-        // SAFETY: params and config are valid for the call; the context is ours to clean up.
-        let status = unsafe {
-            sys::ucp_init_version(
-                sys::UCP_API_MAJOR,
-                sys::UCP_API_MINOR,
-                &params,
-                config,
-                &mut context,
-            )
-        };
-        // SAFETY: config came from ucp_config_read and is released once.
-        unsafe { sys::ucp_config_release(config) };
-        check("ucp_init", status)?;
-        let worker_params = sys::ucp_worker_params_t {
-            field_mask: sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE as u64,
-            thread_mode: sys::ucs_thread_mode_t::UCS_THREAD_MODE_SINGLE,
-            ..Default::default()
-        };
-        let mut worker: sys::ucp_worker_h = null_mut();
-        // SAFETY: context is live; worker is an out-pointer.
-        if let Err(e) = check("ucp_worker_create", unsafe {
-            sys::ucp_worker_create(context, &worker_params, &mut worker)
-        }) {
-            // SAFETY: context is live and unused elsewhere.
-            unsafe { sys::ucp_cleanup(context) };
-            return Err(e);
-        }
+        let (context, worker) = sys::setup::context_and_worker(
+            (sys::UCP_FEATURE_RMA | sys::UCP_FEATURE_WAKEUP) as u64,
+            sys::ucs_thread_mode_t::UCS_THREAD_MODE_SINGLE,
+        )
+        .map_err(|e| status_error(e.call, e.status))?;
         let mut state = State {
             context,
             worker,
