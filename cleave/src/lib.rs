@@ -15,6 +15,7 @@ pub mod up;
 
 use std::path::PathBuf;
 
+use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 
 /// cleave: disaggregated LLM serving. These commands run the engine locally.
@@ -61,6 +62,20 @@ pub enum ModelCommand {
     },
     /// Print where the default model is (or would be) cached.
     Path,
+    /// Write a tiny random-weight model (Hugging Face layout, byte-level tokenizer) into DIR:
+    /// for trying `cleave up --ep N` / `--tp N` without downloading an MoE model. Its output
+    /// is meaningless text.
+    Tiny {
+        /// Where to write `config.json`, `model.safetensors` and the tokenizer files.
+        dir: PathBuf,
+        /// Architecture: llama, mixtral, qwen2-moe (shared expert, a dense layer) or
+        /// qwen3-moe.
+        #[arg(long, default_value = "qwen3-moe")]
+        kind: String,
+        /// Seed of the random weights.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -99,7 +114,8 @@ pub struct WorkerArgs {
 /// Options shared by every command that loads a model.
 #[derive(Debug, Clone, Args)]
 pub struct ModelArgs {
-    /// A GGUF file; default: the cached default model (fetched on first use).
+    /// A GGUF file or Hugging Face directory; default: the cached default model (fetched on
+    /// first use).
     #[arg(long, env = "CLEAVE_MODEL")]
     pub model: Option<PathBuf>,
     /// Compute threads (1 suits 2-vCPU machines).
@@ -118,6 +134,16 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             }
             ModelCommand::Path => {
                 println!("{}", cleave_engine::gguf::default_model_path().display());
+                Ok(())
+            }
+            ModelCommand::Tiny { dir, kind, seed } => {
+                use cleave_engine::tiny;
+                let k = tiny::parse_kind(&kind).with_context(|| {
+                    format!("unknown --kind {kind:?}: use llama, mixtral, qwen2-moe or qwen3-moe")
+                })?;
+                tiny::write_model(&dir, k, cleave_engine::safetensors::Dtype::F32, seed)
+                    .with_context(|| format!("writing {}", dir.display()))?;
+                println!("{}", dir.display());
                 Ok(())
             }
         },

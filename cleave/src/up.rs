@@ -32,7 +32,8 @@ pub struct UpArgs {
     /// on the decode worker.
     #[arg(long, default_value_t = 1)]
     pub disagg_min_uncached_blocks: usize,
-    /// GGUF model; default: the cached default model (fetched on first use).
+    /// GGUF file or Hugging Face directory; default: the cached default model (fetched on
+    /// first use).
     #[arg(long, env = "CLEAVE_MODEL")]
     pub model: Option<PathBuf>,
     /// KV blocks per worker.
@@ -43,8 +44,29 @@ pub struct UpArgs {
     pub threads: usize,
     /// Tensor-parallel size: each worker is a group of this many processes (rank 0 serves,
     /// the others compute its heads' share). A group whose rank dies is restarted whole.
-    #[arg(long, default_value_t = 1)]
-    pub tp: usize,
+    #[arg(long)]
+    pub tp: Option<usize>,
+    /// Expert-parallel size for an MoE model: each worker is a group of this many processes,
+    /// each holding 1/N of the experts (tokens reach them by all-to-all; attention runs
+    /// tensor-parallel over the same ranks, so `--tp`, if given, must be equal).
+    #[arg(long)]
+    pub ep: Option<usize>,
+}
+
+impl UpArgs {
+    /// Processes per worker, from `--tp` and `--ep`.
+    fn group_size(&self) -> anyhow::Result<usize> {
+        let n = match (self.tp, self.ep) {
+            (Some(tp), Some(ep)) if tp != ep => bail!(
+                "--tp {tp} and --ep {ep} differ: attention runs tensor-parallel over the \
+                 expert-parallel ranks, so a group has one size (give one of them)"
+            ),
+            (Some(n), _) | (None, Some(n)) => n,
+            (None, None) => 1,
+        };
+        anyhow::ensure!(n >= 1, "--tp/--ep must be at least 1");
+        Ok(n)
+    }
 }
 
 /// Child processes, terminated (SIGTERM, then SIGKILL) when dropped.
@@ -183,7 +205,7 @@ fn wait_ready(url: &str, timeout: Duration) -> anyhow::Result<()> {
 
 pub fn up(args: UpArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.decode >= 1, "--decode must be at least 1");
-    anyhow::ensure!(args.tp >= 1, "--tp must be at least 1");
+    let group_size = args.group_size()?;
     let model = match &args.model {
         Some(p) => p.clone(),
         None => crate::fetch::fetch_default_model(false)?,
@@ -191,7 +213,7 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
     let model = model.display().to_string();
     let mut fleet = Fleet(Vec::new());
     let worker = |role: &str| -> Vec<String> {
-        [
+        let mut a: Vec<String> = [
             "worker",
             "--role",
             role,
@@ -206,7 +228,12 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         ]
         .iter()
         .map(|s| s.to_string())
-        .collect()
+        .collect();
+        // The workers refuse --ep for a dense model.
+        if let Some(ep) = args.ep {
+            a.extend(["--ep".to_string(), ep.to_string()]);
+        }
+        a
     };
     let mut router_args: Vec<String> = [
         "router",
@@ -225,12 +252,12 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
     let mut groups = Vec::new();
     for (role, n) in [("prefill", args.prefill), ("decode", args.decode)] {
         for i in 0..n {
-            let addrs = if args.tp == 1 {
+            let addrs = if group_size == 1 {
                 spawn(&mut fleet, &format!("{role}-{i}"), &worker(role))?
             } else {
                 let mut g = Group {
                     name: format!("{role}-{i}"),
-                    argvs: group_argvs(worker(role), args.tp)?,
+                    argvs: group_argvs(worker(role), group_size)?,
                     members: Vec::new(),
                 };
                 let addrs = start_group(&mut fleet, &mut g)?;
@@ -255,8 +282,12 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         .to_string();
     wait_ready(&format!("http://{http}/ready"), Duration::from_secs(60))?;
     println!(
-        "cleave is up: http://{http}/v1 (model {model}; {} prefill, {} decode, TP {}; Ctrl-C stops it)",
-        args.prefill, args.decode, args.tp
+        "cleave is up: http://{http}/v1 (model {model}; {} prefill, {} decode, {} processes each \
+         ({}); Ctrl-C stops it)",
+        args.prefill,
+        args.decode,
+        group_size,
+        if args.ep.is_some() { "EP" } else { "TP" }
     );
     // Wait for Ctrl-C / SIGTERM, or for a child to die.
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -21,4 +21,5 @@ pub mod model;
 pub mod safetensors;
 pub mod sample;
 pub mod schedule;
+pub mod tiny;
 pub mod tokenizer;

@@ -1,5 +1,6 @@
-//! Everything one GGUF file (or Hugging Face model directory) provides, loaded together: the
-//! model, its tokenizer and its chat template.
+//! Everything one model provides, loaded together: the model, its tokenizer and its chat
+//! template. A model is a GGUF file or a Hugging Face directory (`config.json`, safetensors,
+//! `tokenizer.json`, `tokenizer_config.json`); every `--model` flag takes either.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -8,7 +9,8 @@ use crate::chat::ChatTemplate;
 use crate::collective::{Collective, SingleRank};
 use crate::gguf::GgufFile;
 use crate::kernels::Threads;
-use crate::model::{Model, ModelError};
+use crate::model::config::ModelConfig;
+use crate::model::{hf, Model, ModelError};
 use crate::tokenizer::{Tokenizer, TokenizerError, TokenizerSpec};
 
 /// Errors loading a model bundle.
@@ -22,45 +24,46 @@ pub enum LoadError {
     Tokenizer(#[from] TokenizerError),
 }
 
-/// A model with its tokenizer and (if the file has one) chat template.
-pub struct Loaded {
-    /// The model.
-    pub model: Arc<Model>,
+/// What the front end (the router, the CLI) needs of a model without its weights.
+pub struct ModelText {
     /// The tokenizer.
     pub tokenizer: Arc<Tokenizer>,
-    /// The chat template, when the file carries one that compiles.
+    /// The chat template, when the model carries one that compiles.
     pub template: Option<Arc<ChatTemplate>>,
+    /// The model's context length (prompt plus completion).
+    pub max_context: usize,
 }
 
-impl Loaded {
-    /// Loads the whole model into this process.
-    pub fn open(path: &Path, threads: Threads) -> Result<Self, LoadError> {
+impl ModelText {
+    /// Reads the tokenizer, chat template and context length of the GGUF file or Hugging Face
+    /// directory at `path`.
+    pub fn open(path: &Path) -> Result<Self, LoadError> {
+        if path.is_dir() {
+            return Self::from_hf_dir(path, &hf::read_config(path)?);
+        }
         let g = GgufFile::open(path).map_err(ModelError::from)?;
-        let model = Model::load(&g, Arc::new(SingleRank), threads)?;
-        let tokenizer = Tokenizer::from_gguf(&g)?;
-        let template = match ChatTemplate::from_gguf(&g, &tokenizer) {
+        Self::from_gguf(&g, &ModelConfig::from_gguf(&g)?)
+    }
+
+    fn from_gguf(g: &GgufFile, config: &ModelConfig) -> Result<Self, LoadError> {
+        let tokenizer = Tokenizer::from_gguf(g)?;
+        let template = match ChatTemplate::from_gguf(g, &tokenizer) {
             Ok(t) => Some(Arc::new(t)),
             Err(e) => {
                 tracing::warn!("no usable chat template: {e}");
                 None
             }
         };
-        Ok(Loaded {
-            model: Arc::new(model),
+        Ok(ModelText {
             tokenizer: Arc::new(tokenizer),
             template,
+            max_context: config.context_length,
         })
     }
 
-    /// Loads rank `collective.rank()` of a Hugging Face directory: `config.json` + safetensors,
-    /// the byte-level BPE of `tokenizer.json`, and `chat_template` of `tokenizer_config.json`
-    /// when it has one that compiles.
-    pub fn open_hf(
-        dir: &Path,
-        collective: Arc<dyn Collective>,
-        threads: Threads,
-    ) -> Result<Self, LoadError> {
-        let model = Model::load_hf(dir, collective, threads)?;
+    /// The byte-level BPE of `tokenizer.json` and the `chat_template` of
+    /// `tokenizer_config.json` when it has one that compiles.
+    fn from_hf_dir(dir: &Path, config: &ModelConfig) -> Result<Self, LoadError> {
         let tokenizer = Tokenizer::new(TokenizerSpec::from_hf_dir(dir)?)?;
         let template = std::fs::read_to_string(dir.join("tokenizer_config.json"))
             .ok()
@@ -81,10 +84,64 @@ impl Loaded {
                     }
                 }
             });
-        Ok(Loaded {
-            model: Arc::new(model),
+        Ok(ModelText {
             tokenizer: Arc::new(tokenizer),
             template,
+            max_context: config.context_length,
+        })
+    }
+}
+
+/// A model with its tokenizer and (if it has one) chat template.
+pub struct Loaded {
+    /// The model.
+    pub model: Arc<Model>,
+    /// The tokenizer.
+    pub tokenizer: Arc<Tokenizer>,
+    /// The chat template, when the model carries one that compiles.
+    pub template: Option<Arc<ChatTemplate>>,
+}
+
+impl Loaded {
+    /// Loads the whole model (GGUF file or Hugging Face directory) into this process.
+    pub fn open(path: &Path, threads: Threads) -> Result<Self, LoadError> {
+        Self::open_rank(path, Arc::new(SingleRank), threads)
+    }
+
+    /// Loads rank `collective.rank()` of `collective.world()` of the GGUF file or Hugging Face
+    /// directory at `path`: this rank's heads, FFN slices, vocabulary slice and experts.
+    pub fn open_rank(
+        path: &Path,
+        collective: Arc<dyn Collective>,
+        threads: Threads,
+    ) -> Result<Self, LoadError> {
+        if path.is_dir() {
+            return Self::open_hf(path, collective, threads);
+        }
+        let g = GgufFile::open(path).map_err(ModelError::from)?;
+        let model = Model::load(&g, collective, threads)?;
+        let text = ModelText::from_gguf(&g, &model.config)?;
+        Ok(Loaded {
+            model: Arc::new(model),
+            tokenizer: text.tokenizer,
+            template: text.template,
+        })
+    }
+
+    /// Loads rank `collective.rank()` of a Hugging Face directory: `config.json` + safetensors,
+    /// the byte-level BPE of `tokenizer.json`, and `chat_template` of `tokenizer_config.json`
+    /// when it has one that compiles.
+    pub fn open_hf(
+        dir: &Path,
+        collective: Arc<dyn Collective>,
+        threads: Threads,
+    ) -> Result<Self, LoadError> {
+        let model = Model::load_hf(dir, collective, threads)?;
+        let text = ModelText::from_hf_dir(dir, &model.config)?;
+        Ok(Loaded {
+            model: Arc::new(model),
+            tokenizer: text.tokenizer,
+            template: text.template,
         })
     }
 

@@ -12,6 +12,7 @@
 //! without ever splitting a UTF-8 character.
 
 mod bpe;
+pub(crate) use bpe::byte_table;
 mod hf_json;
 mod pretok;
 

@@ -14,11 +14,12 @@ pub struct RouterConfig {
     /// Where the OpenAI API listens.
     #[arg(long, env = "CLEAVE_LISTEN", default_value = "127.0.0.1:8000")]
     pub listen: SocketAddr,
-    /// The GGUF the workers serve (the router reads its tokenizer, chat template and context
-    /// length; it loads no weights).
+    /// The model the workers serve, a GGUF file or a Hugging Face directory (the router reads
+    /// its tokenizer, chat template and context length; it loads no weights).
     #[arg(long, env = "CLEAVE_MODEL")]
     pub model: PathBuf,
-    /// The model name clients send (default: the GGUF file name without `.gguf`).
+    /// The model name clients send (default: the GGUF file name without `.gguf`, or
+    /// the Hugging Face directory's name).
     #[arg(long, env = "CLEAVE_SERVED_MODEL_NAME")]
     pub served_model_name: Option<String>,
     /// Decode workers' gRPC endpoints (`http://host:port`, repeatable).

@@ -6,9 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
-use cleave_engine::chat::ChatTemplate;
-use cleave_engine::gguf::GgufFile;
-use cleave_engine::tokenizer::Tokenizer;
+use cleave_engine::load::ModelText;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -34,19 +32,13 @@ pub struct Running {
 
 /// Starts the router until `shutdown`; returns once it listens.
 pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::Result<Running> {
-    let g = GgufFile::open(&config.model)
+    let text = ModelText::open(&config.model)
         .with_context(|| format!("reading {}", config.model.display()))?;
-    let tokenizer = Arc::new(Tokenizer::from_gguf(&g)?);
-    let template = ChatTemplate::from_gguf(&g, &tokenizer).ok().map(Arc::new);
-    let arch = g.architecture()?.to_string();
-    let max_context = g.get_u32(&format!("{arch}.context_length")).unwrap_or(2048) as usize;
-    let model_name = config.served_model_name.clone().unwrap_or_else(|| {
-        config
-            .model
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "model".into())
-    });
+    let (tokenizer, template, max_context) = (text.tokenizer, text.template, text.max_context);
+    let model_name = config
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| default_model_name(&config.model));
     let api_keys = match &config.api_keys_file {
         None => None,
         Some(p) => {
@@ -155,4 +147,16 @@ pub fn serve_until_signal(config: RouterConfig) -> anyhow::Result<()> {
         cleave_telemetry::cancel_on_signal(shutdown);
         running.task.await?
     })
+}
+
+/// The name clients send by default: a GGUF file's name without `.gguf`, a Hugging Face
+/// directory's name.
+pub fn default_model_name(model: &std::path::Path) -> String {
+    let name = if model.is_dir() {
+        model.file_name()
+    } else {
+        model.file_stem()
+    };
+    name.map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into())
 }

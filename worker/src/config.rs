@@ -21,7 +21,8 @@ pub enum Role {
 /// Worker settings (flags, or `CLEAVE_*` environment variables).
 #[derive(Clone, Debug, Args)]
 pub struct WorkerConfig {
-    /// The GGUF model (both roles must load the same file).
+    /// The model: a GGUF file or a Hugging Face directory (`config.json`, safetensors,
+    /// `tokenizer.json`); both roles must load the same one.
     #[arg(long, env = "CLEAVE_MODEL")]
     pub model: PathBuf,
     /// gRPC listen address (port 0 picks a free port).

@@ -31,11 +31,13 @@ pub async fn run(
     let group = tokio::task::spawn_blocking(move || args.connect(&mm)).await??;
     let path = config.model.clone();
     let g = group.clone();
+    let args = config.group.clone();
     let (model, _) = tokio::task::spawn_blocking(move || {
         crate::group::load(
             &path,
             threads,
             Some(g as Arc<dyn cleave_engine::collective::Collective>),
+            &args,
         )
     })
     .await??;

@@ -11,8 +11,8 @@ use anyhow::Context;
 use clap::Args;
 use cleave_collective::{GroupConfig, NetGroup};
 use cleave_engine::collective::{Collective, SingleRank};
-use cleave_engine::gguf::GgufFile;
 use cleave_engine::kernels::Threads;
+use cleave_engine::load::Loaded;
 use cleave_engine::model::Model;
 use cleave_engine::tokenizer::Tokenizer;
 
@@ -24,6 +24,11 @@ pub struct GroupArgs {
     /// Ranks in this worker's group (the tensor-parallel size); default `LWS_GROUP_SIZE`, else 1.
     #[arg(long = "tp", env = "CLEAVE_GROUP_SIZE")]
     pub size: Option<usize>,
+    /// Expert-parallel size: an MoE model's experts are split over this many ranks, tokens
+    /// reach them by all-to-all, and attention runs tensor-parallel over the same ranks — so
+    /// it is the group size (`--tp`, when also given, must be equal). Refused for a dense model.
+    #[arg(long = "ep", env = "CLEAVE_EP_SIZE")]
+    pub ep: Option<usize>,
     /// This process's rank, 0 being the leader; default `LWS_WORKER_INDEX`, else 0.
     #[arg(long = "group-rank", env = "CLEAVE_GROUP_RANK")]
     pub rank: Option<usize>,
@@ -64,6 +69,7 @@ impl Default for GroupArgs {
     fn default() -> Self {
         GroupArgs {
             size: None,
+            ep: None,
             rank: None,
             leader: None,
             port: 29400,
@@ -103,11 +109,19 @@ impl GroupArgs {
     /// The membership from flags, then `CLEAVE_GROUP_*`, then `LWS_*`; `None` for a group of
     /// one.
     pub fn membership(&self) -> anyhow::Result<Option<Membership>> {
-        let size = match self.size {
-            Some(s) => s,
-            None => env_usize("LWS_GROUP_SIZE")?.unwrap_or(1),
+        let size = match (self.size, self.ep) {
+            (Some(tp), Some(ep)) => {
+                anyhow::ensure!(
+                    tp == ep,
+                    "--tp {tp} and --ep {ep} differ: attention runs tensor-parallel over the \
+                     expert-parallel ranks, so a group has one size (give one of them)"
+                );
+                tp
+            }
+            (Some(s), None) | (None, Some(s)) => s,
+            (None, None) => env_usize("LWS_GROUP_SIZE")?.unwrap_or(1),
         };
-        anyhow::ensure!(size >= 1, "the group size (--tp) must be at least 1");
+        anyhow::ensure!(size >= 1, "the group size (--tp/--ep) must be at least 1");
         let rank = match self.rank {
             Some(r) => r,
             None => env_usize("LWS_WORKER_INDEX")?.unwrap_or(0),
@@ -143,19 +157,26 @@ impl GroupArgs {
     }
 }
 
-/// This rank's model shard and the tokenizer, computing with `collective`.
+/// This rank's model shard (GGUF file or Hugging Face directory) and the tokenizer,
+/// computing with `collective`; `--ep` is refused for a dense model.
 pub fn load(
     path: &std::path::Path,
     threads: Threads,
     collective: Option<Arc<dyn Collective>>,
+    args: &GroupArgs,
 ) -> anyhow::Result<(Arc<Model>, Arc<Tokenizer>)> {
-    let g = GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?;
     let c = collective.unwrap_or_else(|| Arc::new(SingleRank));
     let (rank, world) = (c.rank(), c.world());
-    let model = Model::load(&g, c, threads)
+    let l = Loaded::open_rank(path, c, threads)
         .with_context(|| format!("loading rank {rank} of {world} of {}", path.display()))?;
-    let tokenizer = Tokenizer::from_gguf(&g).context("building the tokenizer")?;
-    Ok((Arc::new(model), Arc::new(tokenizer)))
+    if let Some(ep) = args.ep.filter(|&ep| ep > 1) {
+        anyhow::ensure!(
+            l.model.config.moe.is_some(),
+            "--ep {ep}: {} is a dense model (no experts to split); use --tp {ep}",
+            path.display()
+        );
+    }
+    Ok((l.model, l.tokenizer))
 }
 
 #[cfg(test)]
@@ -184,5 +205,15 @@ mod tests {
         assert!(a.membership().unwrap_err().to_string().contains("rank 3"));
         a.size = Some(0);
         assert!(a.membership().is_err());
+        // --ep alone sets the size; with --tp the two must agree.
+        a.size = None;
+        a.ep = Some(4);
+        a.rank = Some(3);
+        assert_eq!(a.membership().unwrap().unwrap().size, 4);
+        a.size = Some(2);
+        let e = a.membership().unwrap_err().to_string();
+        assert!(e.contains("--tp 2 and --ep 4"), "{e}");
+        a.size = Some(4);
+        assert_eq!(a.membership().unwrap().unwrap().size, 4);
     }
 }

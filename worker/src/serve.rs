@@ -91,8 +91,9 @@ pub async fn run(
     };
     let path = config.model.clone();
     let collective = group.clone().map(|g| g as Arc<dyn Collective>);
+    let args = config.group.clone();
     let (model, tokenizer) =
-        tokio::task::spawn_blocking(move || crate::group::load(&path, threads, collective))
+        tokio::task::spawn_blocking(move || crate::group::load(&path, threads, collective, &args))
             .await??;
     let transport = default_transport(&TransportConfig {
         backend: config.transport,

@@ -14,7 +14,7 @@ fn is_direct(b: u8) -> bool {
 }
 
 /// Table from bytes to their byte-level characters.
-pub(super) fn byte_table() -> [char; 256] {
+pub(crate) fn byte_table() -> [char; 256] {
     let mut table = ['\0'; 256];
     let mut next = 0x100u32;
     for b in 0..=255u8 {
