@@ -51,6 +51,9 @@ pub struct TransportConfig {
     pub backend: BackendChoice,
     /// Where the TCP listener binds (port 0 picks one).
     pub listen: SocketAddr,
+    /// The IP peers dial to reach this transport (it is in its address and region
+    /// descriptors); `None`: the bound IP, which must then not be unspecified (`0.0.0.0`).
+    pub advertise: Option<std::net::IpAddr>,
     /// Longest a `write` or `read` may take before it fails with `TimedOut`.
     pub timeout: Duration,
     /// Longest connecting to a peer may take.
@@ -62,6 +65,7 @@ impl Default for TransportConfig {
         TransportConfig {
             backend: BackendChoice::Auto,
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            advertise: None,
             timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(5),
         }

@@ -416,6 +416,35 @@ async fn child_process(choice: BackendChoice) -> Result<()> {
     Ok(())
 }
 
+/// A transport listening on every interface names the advertised IP in its address and
+/// region descriptors (what peers on other hosts dial); without one it refuses to start.
+async fn wildcard_listen_advertises(choice: BackendChoice) -> Result<()> {
+    if choice == BackendChoice::Ucx && !ucx_available() {
+        return Ok(());
+    }
+    let mut cfg = config(choice);
+    cfg.listen = "0.0.0.0:0".parse()?;
+    let e = anyhow::Error::from(default_transport(&cfg).err().context("no advertise")?);
+    ensure!(format!("{e:#}").contains("--kv-advertise"), "{e:#}");
+    cfg.advertise = Some("127.0.0.1".parse()?);
+    let b = default_transport(&cfg)?;
+    ensure!(b.local_address().tcp.ip().to_string() == "127.0.0.1");
+    let a = transport(choice).context("transport")?;
+    let src = a.allocate_region(2 * BLOCK)?.handle();
+    let dst = b.allocate_region(2 * BLOCK)?.handle();
+    fill(&src, 3, 2);
+    a.write(
+        &b.local_address(),
+        &dst.descriptor(),
+        &[op(0, 1, 1)],
+        &src,
+        CancellationToken::new(),
+    )
+    .await?;
+    ensure!(block_at(&dst, BLOCK) == pattern(3, 0));
+    Ok(())
+}
+
 macro_rules! for_backend {
     ($module:ident, $choice:expr) => {
         mod $module {
@@ -444,6 +473,10 @@ macro_rules! for_backend {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn child_process() -> Result<()> {
                 super::child_process($choice).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn wildcard_listen_advertises() -> Result<()> {
+                super::wildcard_listen_advertises($choice).await
             }
         }
     };

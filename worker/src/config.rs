@@ -46,6 +46,15 @@ pub struct WorkerConfig {
     /// KV transport: ucx when available, else tcp.
     #[arg(long, env = "CLEAVE_TRANSPORT", value_parser = parse_backend, default_value = "auto")]
     pub transport: BackendChoice,
+    /// Where the KV transport listens (peers write KV blocks and confirm transfers through
+    /// it); default: the gRPC address's IP on a free port.
+    #[arg(long, env = "CLEAVE_KV_LISTEN")]
+    pub kv_listen: Option<SocketAddr>,
+    /// The IP peers on other hosts dial to reach this worker's KV transport, needed when it
+    /// listens on every interface (the operator sets the pod IP); default: the host of
+    /// `--advertise-addr` when that is an IP, else this host's address on its default route.
+    #[arg(long, env = "CLEAVE_KV_ADVERTISE")]
+    pub kv_advertise: Option<std::net::IpAddr>,
     /// Decode role: how long to wait for a prefill worker before giving up on it.
     #[arg(long, env = "CLEAVE_PREFILL_TIMEOUT", value_parser = parse_duration, default_value = "30s")]
     pub prefill_timeout: Duration,

@@ -7,7 +7,7 @@ use anyhow::Context;
 use cleave_engine::engine::run_follower_with;
 use cleave_engine::kernels::Threads;
 use cleave_engine::kv::memory::{KvCache, KvLayout};
-use cleave_kv_transfer::{default_transport, TransportConfig};
+use cleave_kv_transfer::default_transport;
 use tokio_util::sync::CancellationToken;
 
 use crate::group::Membership;
@@ -50,11 +50,8 @@ pub async fn run(
     };
     // The KV pool comes from the transport, so a prefill peer can write this rank's heads
     // straight into it (and a prefill follower can write from it).
-    let transport = default_transport(&TransportConfig {
-        backend: config.transport,
-        ..Default::default()
-    })
-    .context("starting the KV transport")?;
+    let transport = default_transport(&crate::kv_addr::transport_config(&config)?)
+        .context("starting the KV transport")?;
     let region = transport
         .allocate_region(config.kv_blocks * layout.block_bytes())
         .context("allocating the KV region")?;

@@ -19,6 +19,7 @@ pub mod convert;
 pub mod decode;
 pub mod follower;
 pub mod group;
+pub mod kv_addr;
 pub mod metrics;
 pub mod prefill;
 pub mod rank_kv;

@@ -13,7 +13,7 @@ use cleave_engine::engine::{Engine, EngineConfig, GroupLink};
 use cleave_engine::kernels::Threads;
 use cleave_engine::kv::memory::{KvCache, KvLayout};
 use cleave_engine::schedule::SchedulerConfig;
-use cleave_kv_transfer::{default_transport, RegionHandle, Transport, TransportConfig};
+use cleave_kv_transfer::{default_transport, RegionHandle, Transport};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -95,11 +95,8 @@ pub async fn run(
     let (model, tokenizer) =
         tokio::task::spawn_blocking(move || crate::group::load(&path, threads, collective, &args))
             .await??;
-    let transport = default_transport(&TransportConfig {
-        backend: config.transport,
-        ..Default::default()
-    })
-    .context("starting the KV transport")?;
+    let transport = default_transport(&crate::kv_addr::transport_config(&config)?)
+        .context("starting the KV transport")?;
     let layout = KvLayout {
         n_layers: model.config.n_layers,
         n_kv_heads: model.local_kv_heads(),

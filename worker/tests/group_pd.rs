@@ -1,7 +1,8 @@
 //! Disaggregated prefill/decode between two tensor-parallel groups of real processes: a TP=3
 //! `cleave-prefill` group writes each rank's KV heads straight into the matching rank of a TP=3
 //! `cleave-decode` group (rank to rank, over TCP), and the decode group then generates the
-//! single-process greedy tokens. A prefill group asked to write into a group of another size
+//! single-process greedy tokens — also with all six ranks on separate "hosts" (network
+//! namespaces). A prefill group asked to write into a group of another size
 //! refuses with a clear error.
 
 mod support;
@@ -14,7 +15,7 @@ use cleave_engine::kv::memory::{KvDtype, KvLayout};
 use cleave_engine::load::Loaded;
 use cleave_proto::v1 as pb;
 use cleave_proto::v1::prefill_worker_client::PrefillWorkerClient;
-use support::{generate_via, metric, Group};
+use support::{generate_via, metric, Group, Netns};
 
 /// Tokens compared (see worker/tests/group.rs on why not many more).
 const N: usize = 12;
@@ -55,7 +56,15 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tp3_prefill_group_feeds_a_tp3_decode_group_rank_to_rank_over_tcp() {
-    rank_to_rank("tcp").await;
+    rank_to_rank("tcp", None).await;
+}
+
+/// Six "hosts": each rank of both groups in its own network namespace (veth + bridge), so the
+/// KV transport must listen on and advertise each rank's own address, not loopback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tp3_groups_on_separate_hosts_do_pd_rank_to_rank() {
+    let ns = Netns::create(6);
+    rank_to_rank("tcp", Some(&ns)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -64,22 +73,25 @@ async fn a_tp3_prefill_group_feeds_a_tp3_decode_group_rank_to_rank_over_ucx() {
         eprintln!("SKIPPED: this build has no UCX (install libucx-dev; scripts/test does)");
         return;
     }
-    rank_to_rank("ucx").await;
+    rank_to_rank("ucx", None).await;
 }
 
-async fn rank_to_rank(transport: &str) {
+async fn rank_to_rank(transport: &str, ns: Option<&Netns>) {
     let _one = SERIAL.lock().await;
     let (prompts, want) = reference().await;
-    let wraps = vec![Vec::new(); 3];
-    let hosts = vec!["127.0.0.1".to_string(); 3];
+    // Prefill ranks in namespaces 0-2 and decode ranks in 3-5, or all on loopback.
+    let (wraps, hosts): (Vec<Vec<String>>, Vec<String>) = match ns {
+        Some(ns) => ((0..6).map(|i| ns.wrap(i)).collect(), ns.hosts.clone()),
+        None => (vec![Vec::new(); 6], vec!["127.0.0.1".to_string(); 6]),
+    };
     let prefill = Group::start_bin(
         env!("CARGO_BIN_EXE_cleave-prefill"),
-        &wraps,
-        &hosts,
+        &wraps[..3],
+        &hosts[..3],
         &["--transport", transport],
     );
     let extra = ["--local-fallback", "false", "--transport", transport];
-    let decode = Group::start(&wraps, &hosts, &extra);
+    let decode = Group::start(&wraps[3..], &hosts[3..], &extra);
     let (d, p) = (decode.grpc(), prefill.grpc());
     // The long prompt (several blocks), a short one, then the long one again: its full blocks
     // are then in the decode group's prefix cache and only the rest is transferred.

@@ -57,7 +57,18 @@ impl TcpTransport {
             .map_err(|_| bind_err(std::io::Error::other("not inside a tokio runtime")))?;
         let std_listener = std::net::TcpListener::bind(config.listen).map_err(bind_err)?;
         std_listener.set_nonblocking(true).map_err(bind_err)?;
-        let addr = std_listener.local_addr().map_err(bind_err)?;
+        let bound = std_listener.local_addr().map_err(bind_err)?;
+        // The address peers dial (and name in region descriptors).
+        let addr = match config.advertise {
+            Some(ip) => SocketAddr::new(ip, bound.port()),
+            None if bound.ip().is_unspecified() => {
+                return Err(bind_err(std::io::Error::other(
+                    "listening on every interface, but no address for peers to dial was \
+                     given (TransportConfig::advertise; the workers' --kv-advertise)",
+                )))
+            }
+            None => bound,
+        };
         let listener = tokio::net::TcpListener::from_std(std_listener).map_err(bind_err)?;
         let shared = Arc::new(Shared {
             addr,
@@ -68,14 +79,14 @@ impl TcpTransport {
         });
         let stop = CancellationToken::new();
         tokio::spawn(recv::serve(listener, Arc::clone(&shared), stop.clone()));
-        tracing::debug!(%addr, "kv-transfer TCP listener up");
+        tracing::debug!(%bound, %addr, "kv-transfer TCP listener up");
         Ok(TcpTransport {
             shared,
             _stop: stop.drop_guard(),
         })
     }
 
-    /// The listener's address.
+    /// The listener's address as peers dial it (the advertised IP, the bound port).
     pub fn listen_addr(&self) -> SocketAddr {
         self.shared.addr
     }

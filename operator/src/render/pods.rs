@@ -3,9 +3,9 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMapEnvSource, Container, ContainerPort, EnvFromSource, HTTPGetAction,
-    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SecretVolumeSource, SecurityContext,
-    Volume, VolumeMount,
+    Capabilities, ConfigMapEnvSource, Container, ContainerPort, EnvFromSource, EnvVar,
+    EnvVarSource, HTTPGetAction, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec,
+    Probe, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -120,7 +120,7 @@ pub fn worker_template(
         image: Some(image.into()),
         command: Some(vec![component.binary().into()]),
         env_from: env_from(names::config_map(&name, component)),
-        env: (!pool.env.is_empty()).then(|| pool.env.clone()),
+        env: Some(worker_env(pool)),
         ports: Some(vec![
             port("grpc", GRPC_PORT),
             port("http", WORKER_HTTP_PORT),
@@ -152,6 +152,24 @@ pub fn worker_template(
             ..Default::default()
         }),
     }
+}
+
+/// The pod's IP as `CLEAVE_KV_ADVERTISE` (workers listen on every interface; peers in other
+/// pods dial this IP for KV transfers), then the pool's own variables (which may override it).
+fn worker_env(pool: &PoolSpec) -> Vec<EnvVar> {
+    let mut env = vec![EnvVar {
+        name: "CLEAVE_KV_ADVERTISE".into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: "status.podIP".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }];
+    env.extend(pool.env.iter().cloned());
+    env
 }
 
 /// The router pod template; its args are the discovery flags of the kube contract.

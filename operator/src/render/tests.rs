@@ -67,6 +67,14 @@ fn single_node_pools_become_deployments_with_contract_labels() {
     assert!(ports
         .iter()
         .any(|p| p.name.as_deref() == Some("grpc") && p.container_port == 50051));
+    // Peers in other pods reach the KV transport at the pod's IP.
+    let env = c.env.as_ref().unwrap();
+    let kv = env
+        .iter()
+        .find(|e| e.name == "CLEAVE_KV_ADVERTISE")
+        .unwrap();
+    let field = kv.value_from.as_ref().unwrap().field_ref.as_ref().unwrap();
+    assert_eq!(field.field_path, "status.podIP");
     let owner = &dec.metadata.owner_references.as_ref().unwrap()[0];
     assert_eq!(
         (owner.uid.as_str(), owner.controller),
