@@ -410,6 +410,8 @@ pub fn ttft_breakdown(
             threads: 1,
             step_tokens: 256,
             transport: Default::default(),
+            kv_listen: None,
+            kv_advertise: None,
             prefill_timeout: Duration::from_secs(120),
             local_fallback: false,
             local_prefill_below_tokens: 0,

@@ -51,6 +51,9 @@ pub struct UpArgs {
     /// tensor-parallel over the same ranks, so `--tp`, if given, must be equal).
     #[arg(long)]
     pub ep: Option<usize>,
+    /// Transport of the collectives inside each group: tcp or ucx.
+    #[arg(long, default_value = "tcp")]
+    pub group_transport: String,
 }
 
 impl UpArgs {
@@ -257,7 +260,14 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
             } else {
                 let mut g = Group {
                     name: format!("{role}-{i}"),
-                    argvs: group_argvs(worker(role), group_size)?,
+                    argvs: group_argvs(
+                        [
+                            worker(role),
+                            vec!["--group-transport".into(), args.group_transport.clone()],
+                        ]
+                        .concat(),
+                        group_size,
+                    )?,
                     members: Vec::new(),
                 };
                 let addrs = start_group(&mut fleet, &mut g)?;

@@ -172,6 +172,8 @@ async fn router_discovers_and_drops_an_etcd_registered_worker() {
             threads: 1,
             step_tokens: 32,
             transport: Default::default(),
+            kv_listen: None,
+            kv_advertise: None,
             prefill_timeout: Duration::from_secs(20),
             local_fallback: true,
             local_prefill_below_tokens: 0,

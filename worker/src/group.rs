@@ -50,6 +50,14 @@ pub struct GroupArgs {
     /// Host the other ranks use to reach this one (default: found from the route to the leader).
     #[arg(long = "group-advertise", env = "CLEAVE_GROUP_ADVERTISE")]
     pub advertise: Option<String>,
+    /// Transport of the collectives between ranks: tcp (default) or ucx (tag messages; shared
+    /// memory on one host, RDMA where present).
+    #[arg(
+        long = "group-transport",
+        env = "CLEAVE_GROUP_TRANSPORT",
+        default_value = "tcp"
+    )]
+    pub collective_transport: cleave_collective::Transport,
     /// Deadline of each collective call (a rank silent for longer fails the group).
     #[arg(long = "group-timeout", env = "CLEAVE_GROUP_TIMEOUT", value_parser = parse_duration, default_value = "30s")]
     pub timeout: Duration,
@@ -75,6 +83,7 @@ impl Default for GroupArgs {
             port: 29400,
             bind: None,
             advertise: None,
+            collective_transport: cleave_collective::Transport::Tcp,
             timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(120),
             heartbeat: Duration::from_secs(1),
@@ -148,9 +157,10 @@ impl GroupArgs {
         let mut cfg = GroupConfig::new(m.rank, m.size, m.leader.clone());
         cfg.bind_addr = self.bind;
         cfg.advertise_host = self.advertise.clone();
+        cfg.transport = self.collective_transport;
         cfg.timeout = self.timeout;
         cfg.connect_timeout = self.connect_timeout;
-        tracing::info!(rank = m.rank, size = m.size, leader = %m.leader, "joining the worker group");
+        tracing::info!(rank = m.rank, size = m.size, leader = %m.leader, transport = ?self.collective_transport, "joining the worker group");
         let g = NetGroup::connect(cfg)
             .with_context(|| format!("joining worker group at {} as rank {}", m.leader, m.rank))?;
         Ok(Arc::new(g))

@@ -69,6 +69,19 @@ async fn a_tp3_group_of_processes_generates_the_single_process_tokens() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tp3_group_with_ucx_collectives_generates_the_single_process_tokens() {
+    if !cleave_collective::Transport::Ucx.available() {
+        eprintln!("SKIPPED: this build has no UCX (install libucx-dev; scripts/test does)");
+        return;
+    }
+    let _one = SERIAL.lock().await;
+    let (prompts, want) = reference().await;
+    let (wraps, hosts) = loopback(3);
+    let group = Group::start(&wraps, &hosts, &["--group-transport", "ucx"]);
+    check_tokens(&group, &prompts, &want).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tp3_group_across_network_namespaces_serves_requests() {
     let _one = SERIAL.lock().await;
     let (prompts, want) = reference().await;

@@ -25,6 +25,8 @@ fn config(transport: BackendChoice) -> WorkerConfig {
         threads: 1,
         step_tokens: 32,
         transport,
+        kv_listen: None,
+        kv_advertise: None,
         prefill_timeout: Duration::from_secs(20),
         local_fallback: true,
         local_prefill_below_tokens: 0,
