@@ -202,12 +202,24 @@ fn event(ev: pb::GenerateEvent) -> Option<BackendEvent> {
     })
 }
 
+/// Why a first event shows the request never started (`Finished` as aborted with no token).
+fn aborted_before_any_token(ev: &pb::GenerateEvent) -> Option<&str> {
+    match &ev.event {
+        Some(pb::generate_event::Event::Finished(f))
+            if f.completion_tokens == 0 && finish_reason(&f.reason) == FinishReason::Aborted =>
+        {
+            Some(&f.reason)
+        }
+        _ => None,
+    }
+}
+
 #[async_trait::async_trait]
 impl Backend for Dispatcher {
     async fn generate(&self, req: BackendRequest) -> Result<BackendStream, BackendError> {
         // Try the placement; a decode worker that cannot be reached is marked unhealthy and the
         // request is placed again (nothing has been streamed yet).
-        for _attempt in 0..3 {
+        for _attempt in 0..4 {
             let (preq, placement) = match self.place(&req.prompt, req.params.max_tokens) {
                 Ok(p) => p,
                 Err(PlaceError::NoDecodeWorker) => return Err(BackendError::NoWorkers),
@@ -258,13 +270,37 @@ impl Backend for Dispatcher {
             if let Some(Ok(v)) = req.traceparent.as_deref().map(str::parse) {
                 call.metadata_mut().insert("traceparent", v);
             }
-            let stream = match client.generate(call).await {
-                Ok(r) => r.into_inner(),
+            // The call, then its first event: a worker that fails before that (unreachable,
+            // stopping, its group just failed) has streamed nothing, so the request is placed
+            // again.
+            let opened = match client.generate(call).await {
+                Ok(r) => {
+                    let mut stream = r.into_inner();
+                    match stream.next().await {
+                        Some(Ok(first)) => Ok(Some((first, stream))),
+                        Some(Err(s)) => Err(s),
+                        None => Ok(None),
+                    }
+                }
+                Err(s) => Err(s),
+            };
+            let (first, stream) = match opened {
+                Ok(Some((first, stream))) => {
+                    if let Some(reason) = aborted_before_any_token(&first) {
+                        tracing::warn!(worker = %placement.decode, %reason, "request aborted before its first token: placing it again");
+                        continue;
+                    }
+                    (first, stream)
+                }
+                Ok(None) => {
+                    tracing::warn!(worker = %placement.decode, "decode worker ended the stream without an event: placing the request again");
+                    continue;
+                }
                 Err(s) if s.code() == tonic::Code::InvalidArgument => {
                     return Err(BackendError::BadRequest(s.message().to_string()))
                 }
                 Err(s) => {
-                    tracing::warn!(worker = %placement.decode, error = %s.message(), "decode worker unreachable");
+                    tracing::warn!(worker = %placement.decode, error = %s.message(), "decode worker failed before its first event: placing the request again");
                     self.cluster
                         .view
                         .lock()
@@ -273,6 +309,7 @@ impl Backend for Dispatcher {
                     continue;
                 }
             };
+            let stream = tokio_stream::once(Ok(first)).chain(stream);
             let out = stream.map(move |item| {
                 let _keep = &guard;
                 match item {

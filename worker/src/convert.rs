@@ -15,6 +15,17 @@ pub fn sampling(p: Option<pb::SamplingParams>) -> Result<SamplingParams, Status>
     Ok(params)
 }
 
+/// The gRPC status of a refused submission: the caller's mistakes are `INVALID_ARGUMENT`; an
+/// engine that stopped (or whose group failed) is `UNAVAILABLE`, so the router places the
+/// request elsewhere.
+pub fn submit_error(e: cleave_engine::engine::EngineError) -> Status {
+    use cleave_engine::engine::EngineError;
+    match e {
+        EngineError::Stopped | EngineError::GroupFailed => Status::unavailable(e.to_string()),
+        _ => Status::invalid_argument(e.to_string()),
+    }
+}
+
 /// `(logprob, top)` of a token, for the wire.
 pub fn logprob(lp: Option<TokenLogprob>) -> (Option<f32>, Vec<pb::TopLogprob>) {
     match lp {

@@ -53,7 +53,7 @@ impl DecodeWorker for Decode {
                 params: params.clone(),
                 mode,
             })
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+            .map_err(crate::convert::submit_error)?;
         let (tx, out) = tokio::sync::mpsc::channel(64);
         let state = self.state.clone();
         let span = tracing::info_span!(

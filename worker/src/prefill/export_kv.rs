@@ -111,7 +111,7 @@ pub async fn run(
             params,
             mode: PrefillMode::Export,
         })
-        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        .map_err(crate::convert::submit_error)?;
     let cancel = CancellationToken::new();
     let mut guard = Guard {
         state: &state,
