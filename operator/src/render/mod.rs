@@ -115,6 +115,10 @@ fn worker_config(
         settings.push(("kv_blocks", b.to_string()));
     }
     let (mut env, _) = config::worker_env(&settings).map_err(|e| e.to_string())?;
+    // UCX's default crash handler prints a backtrace from inside the signal handler, which
+    // allocates: a crash inside malloc then hangs the pod instead of letting it restart. A pool's
+    // own `env` can set it back.
+    env.insert("UCX_HANDLE_ERRORS".into(), "none".into());
     if let Some(ucx) = &isvc.spec.kv_transfer.ucx {
         if let Some(t) = &ucx.transports {
             env.insert("UCX_TLS".into(), t.clone());

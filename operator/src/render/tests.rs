@@ -136,6 +136,7 @@ fn config_maps_hold_the_binaries_settings() {
     assert_eq!(dec["CLEAVE_MODEL"], "/models/m.gguf");
     assert_eq!(dec["CLEAVE_KV_BLOCKS"], "128");
     assert_eq!(dec["CLEAVE_GRPC_ADDR"], "0.0.0.0:50051");
+    assert_eq!(dec["UCX_HANDLE_ERRORS"], "none");
     assert!(!cm("chat-prefill").contains_key("CLEAVE_KV_BLOCKS"));
     let router = cm("chat-router");
     assert_eq!(router["CLEAVE_POLICY"], "prefix-load");
