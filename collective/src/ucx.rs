@@ -243,13 +243,20 @@ impl Ucx {
             if !open && wants.iter().all(|w| w.matched) {
                 break;
             }
-            if !progressed {
-                let waiting: Vec<usize> = wants
+            // Checked on every pass, not only when UCX is idle: a worker that keeps reporting
+            // progress (data trickling in, an endpoint to a dead peer retrying) must not keep
+            // the call going past its deadline.
+            if Instant::now() >= c.deadline {
+                let peer = wants
                     .iter()
-                    .filter(|w| !w.matched)
+                    .find(|w| !w.matched)
                     .map(|w| w.peer)
-                    .collect();
-                if let Some(peer) = self.wait(c, &waiting, ops)? {
+                    .or_else(|| ops.first_peer())
+                    .unwrap_or(0);
+                return Err(CollectiveError::Timeout(c.timeout, peer));
+            }
+            if !progressed {
+                if let Some(peer) = self.wait(c) {
                     // A peer that finished its part and left closes its control connection
                     // while its last messages may still be on their way: give them a moment.
                     let since = *closed.get_or_insert((Instant::now(), peer));
@@ -266,22 +273,8 @@ impl Ucx {
     }
 
     /// Sleeps until UCX has work, a TCP link reports something (a dead peer or our own abort),
-    /// or the deadline. Returns a peer whose control connection closed.
-    fn wait(
-        &self,
-        c: &Call,
-        waiting_on: &[usize],
-        ops: &Pending,
-    ) -> Result<Option<usize>, CollectiveError> {
-        let now = Instant::now();
-        if now >= c.deadline {
-            let peer = waiting_on
-                .first()
-                .copied()
-                .or_else(|| ops.first_peer())
-                .unwrap_or(0);
-            return Err(CollectiveError::Timeout(c.timeout, peer));
-        }
+    /// or the deadline (at most 100 ms). Returns a peer whose control connection closed.
+    fn wait(&self, c: &Call) -> Option<usize> {
         let mut fds = vec![libc::pollfd {
             fd: self.efd,
             events: libc::POLLIN,
@@ -301,7 +294,8 @@ impl Ucx {
         // SAFETY: live worker.
         let armed = unsafe { sys::ucp_worker_arm(self.worker) };
         let wait = if armed == sys::ucs_status_t::UCS_OK {
-            (c.deadline - now)
+            c.deadline
+                .saturating_duration_since(Instant::now())
                 .min(Duration::from_millis(100))
                 .as_millis()
                 .max(1) as i32
@@ -313,10 +307,10 @@ impl Ucx {
         for (f, &p) in fds.iter().zip(&peers).skip(1) {
             if f.revents != 0 {
                 // Nothing is sent over TCP during a UCX call: readable means closed.
-                return Ok(Some(p));
+                return Some(p);
             }
         }
-        Ok(None)
+        None
     }
 }
 
