@@ -24,6 +24,8 @@ const TAG_MATCH: u64 = 0xFFFF_FFFF_00FF_FFFF;
 const CLOSE_GRACE: Duration = Duration::from_millis(500);
 /// How long dropping a group waits for its last messages to leave.
 const FLUSH_ON_DROP: Duration = Duration::from_secs(2);
+/// Most worker progress passes between two looks at the clock and the control connections.
+const PROGRESS_PASSES: usize = 256;
 
 fn tag(seq: u32, op: u8, src: usize) -> u64 {
     (seq as u64) << 32 | (op as u64) << 24 | src as u64
@@ -138,10 +140,16 @@ impl Ucx {
         Ok(())
     }
 
+    /// Progresses the worker until it is idle or [`PROGRESS_PASSES`] passes made progress;
+    /// whether any did. Bounded so that the callers' loops get back to their deadlines even if
+    /// the worker never goes idle.
     fn progress(&self) -> bool {
         let mut any = false;
-        // SAFETY: live worker, used by one thread at a time.
-        while unsafe { sys::ucp_worker_progress(self.worker) } != 0 {
+        for _ in 0..PROGRESS_PASSES {
+            // SAFETY: live worker, used by one thread at a time.
+            if unsafe { sys::ucp_worker_progress(self.worker) } == 0 {
+                break;
+            }
             any = true;
         }
         any
