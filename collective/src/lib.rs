@@ -19,6 +19,15 @@ mod ops;
 mod ucx;
 mod wire;
 
+/// The unit tests run under the integration tests' allocator that catches writes into freed
+/// buffers.
+#[cfg(test)]
+#[path = "../tests/common/quarantine.rs"]
+mod quarantine;
+#[cfg(test)]
+#[global_allocator]
+static ALLOC: quarantine::Quarantine = quarantine::Quarantine;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 

@@ -24,6 +24,8 @@ const TAG_MATCH: u64 = 0xFFFF_FFFF_00FF_FFFF;
 const CLOSE_GRACE: Duration = Duration::from_millis(500);
 /// How long dropping a group waits for its last messages to leave.
 const FLUSH_ON_DROP: Duration = Duration::from_secs(2);
+/// Most worker progress passes between two looks at the clock and the control connections.
+const PROGRESS_PASSES: usize = 256;
 
 fn tag(seq: u32, op: u8, src: usize) -> u64 {
     (seq as u64) << 32 | (op as u64) << 24 | src as u64
@@ -138,10 +140,16 @@ impl Ucx {
         Ok(())
     }
 
+    /// Progresses the worker until it is idle or [`PROGRESS_PASSES`] passes made progress;
+    /// whether any did. Bounded so that the callers' loops get back to their deadlines even if
+    /// the worker never goes idle.
     fn progress(&self) -> bool {
         let mut any = false;
-        // SAFETY: live worker, used by one thread at a time.
-        while unsafe { sys::ucp_worker_progress(self.worker) } != 0 {
+        for _ in 0..PROGRESS_PASSES {
+            // SAFETY: live worker, used by one thread at a time.
+            if unsafe { sys::ucp_worker_progress(self.worker) } == 0 {
+                break;
+            }
             any = true;
         }
         any
@@ -154,29 +162,51 @@ impl Ucx {
         sends: Vec<Send<'_>>,
         recvs: Vec<Recv<'_>>,
     ) -> Result<(), CollectiveError> {
+        // The buffers receives land in (the caller's, and `Add` scratch owned by `wants`) must
+        // outlive every request that writes into them. `wants` is declared before `ops`, and
+        // `ops` is dropped (cancelling and waiting out whatever is still in flight) before
+        // `wants` on every path, unwinding included. Dropping the scratch first let a receive
+        // still in flight after a failed call write into freed memory: heap corruption that
+        // crashed the process later, and under UCX's crash handler hung it.
+        let mut wants: Vec<Want> = recvs
+            .into_iter()
+            .map(|r| Want {
+                peer: r.peer,
+                into: r.into,
+                scratch: Vec::new(),
+                matched: false,
+            })
+            .collect();
         let mut ops = Pending {
             ucx: self,
             requests: Vec::new(),
         };
-        let res = self.exchange_inner(c, &mut ops, sends, recvs);
-        if res.is_err() {
-            ops.cancel();
+        let res = self.exchange_inner(c, &mut ops, &sends, &mut wants);
+        drop(ops);
+        res?;
+        for w in wants {
+            if let Into::Add(dst) = w.into {
+                for (d, b) in dst.iter_mut().zip(w.scratch.chunks_exact(4)) {
+                    *d += f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            }
         }
-        res
+        Ok(())
     }
 
-    fn exchange_inner<'b>(
+    fn exchange_inner(
         &self,
         c: &Call,
         ops: &mut Pending,
-        sends: Vec<Send<'b>>,
-        recvs: Vec<Recv<'b>>,
+        sends: &[Send<'_>],
+        wants: &mut [Want<'_>],
     ) -> Result<(), CollectiveError> {
         let me = self.eps.iter().position(|e| e.is_null()).unwrap_or(0);
         let param = sys::ucp_request_param_t::default();
-        for s in &sends {
+        for s in sends {
             let ep = self.eps[s.peer];
-            // SAFETY: `s.data` outlives the request (we wait for it or cancel it before returning).
+            // SAFETY: `s.data` outlives the request (`exchange` waits for it or cancels it
+            // before returning).
             let req = unsafe {
                 sys::ucp_tag_send_nbx(
                     ep,
@@ -188,24 +218,6 @@ impl Ucx {
             };
             ops.track(req, s.peer, "send")?;
         }
-        struct Want<'b> {
-            peer: usize,
-            into: Into<'b>,
-            /// `Add`: the bytes, added on completion.
-            scratch: Vec<u8>,
-            req: Option<usize>,
-            matched: bool,
-        }
-        let mut wants: Vec<Want> = recvs
-            .into_iter()
-            .map(|r| Want {
-                peer: r.peer,
-                into: r.into,
-                scratch: Vec::new(),
-                req: None,
-                matched: false,
-            })
-            .collect();
         let mut closed: Option<(Instant, usize)> = None;
         loop {
             let progressed = self.progress();
@@ -227,24 +239,32 @@ impl Ucx {
                 w.matched = true;
                 let op = ((info.sender_tag >> 24) & 0xFF) as u8;
                 let (ptr, len) = c.prepare(w.peer, op, info.length, &mut w.into, &mut w.scratch)?;
-                // SAFETY: `ptr` points at `len` writable bytes that outlive the request.
+                // SAFETY: `ptr` points at `len` writable bytes (the caller's or `w.scratch`) that
+                // outlive the request (see `exchange`).
                 let req = unsafe {
                     sys::ucp_tag_msg_recv_nbx(self.worker, ptr as *mut c_void, len, msg, &param)
                 };
-                w.req = ops.track(req, w.peer, "receive")?;
+                ops.track(req, w.peer, "receive")?;
             }
             ops.reap()?;
             let open = ops.requests.iter().any(|r| r.is_some());
             if !open && wants.iter().all(|w| w.matched) {
                 break;
             }
-            if !progressed {
-                let waiting: Vec<usize> = wants
+            // Checked on every pass, not only when UCX is idle: a worker that keeps reporting
+            // progress (data trickling in, an endpoint to a dead peer retrying) must not keep
+            // the call going past its deadline.
+            if Instant::now() >= c.deadline {
+                let peer = wants
                     .iter()
-                    .filter(|w| !w.matched)
+                    .find(|w| !w.matched)
                     .map(|w| w.peer)
-                    .collect();
-                if let Some(peer) = self.wait(c, &waiting, ops)? {
+                    .or_else(|| ops.first_peer())
+                    .unwrap_or(0);
+                return Err(CollectiveError::Timeout(c.timeout, peer));
+            }
+            if !progressed {
+                if let Some(peer) = self.wait(c) {
                     // A peer that finished its part and left closes its control connection
                     // while its last messages may still be on their way: give them a moment.
                     let since = *closed.get_or_insert((Instant::now(), peer));
@@ -257,33 +277,12 @@ impl Ucx {
                 }
             }
         }
-        for w in wants {
-            if let Into::Add(dst) = w.into {
-                for (d, b) in dst.iter_mut().zip(w.scratch.chunks_exact(4)) {
-                    *d += f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                }
-            }
-        }
         Ok(())
     }
 
     /// Sleeps until UCX has work, a TCP link reports something (a dead peer or our own abort),
-    /// or the deadline. Returns a peer whose control connection closed.
-    fn wait(
-        &self,
-        c: &Call,
-        waiting_on: &[usize],
-        ops: &Pending,
-    ) -> Result<Option<usize>, CollectiveError> {
-        let now = Instant::now();
-        if now >= c.deadline {
-            let peer = waiting_on
-                .first()
-                .copied()
-                .or_else(|| ops.first_peer())
-                .unwrap_or(0);
-            return Err(CollectiveError::Timeout(c.timeout, peer));
-        }
+    /// or the deadline (at most 100 ms). Returns a peer whose control connection closed.
+    fn wait(&self, c: &Call) -> Option<usize> {
         let mut fds = vec![libc::pollfd {
             fd: self.efd,
             events: libc::POLLIN,
@@ -303,7 +302,8 @@ impl Ucx {
         // SAFETY: live worker.
         let armed = unsafe { sys::ucp_worker_arm(self.worker) };
         let wait = if armed == sys::ucs_status_t::UCS_OK {
-            (c.deadline - now)
+            c.deadline
+                .saturating_duration_since(Instant::now())
                 .min(Duration::from_millis(100))
                 .as_millis()
                 .max(1) as i32
@@ -315,14 +315,25 @@ impl Ucx {
         for (f, &p) in fds.iter().zip(&peers).skip(1) {
             if f.revents != 0 {
                 // Nothing is sent over TCP during a UCX call: readable means closed.
-                return Ok(Some(p));
+                return Some(p);
             }
         }
-        Ok(None)
+        None
     }
 }
 
-/// Requests in flight; on error they are cancelled and completed before the buffers go away.
+/// A message this rank expects in an exchange, and where it goes.
+struct Want<'b> {
+    peer: usize,
+    into: Into<'b>,
+    /// `Add`: the bytes, added once everything arrived. Written by UCX while the receive is in
+    /// flight, so it must outlive the request.
+    scratch: Vec<u8>,
+    matched: bool,
+}
+
+/// Requests in flight. Dropping it cancels what is left and waits until UCX is done with it,
+/// so it must be dropped before the buffers the requests point at.
 struct Pending<'u> {
     ucx: &'u Ucx,
     requests: Vec<Option<(*mut c_void, usize, &'static str)>>,
@@ -417,6 +428,14 @@ impl Pending<'_> {
     }
 }
 
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if self.requests.iter().any(Option::is_some) {
+            self.cancel();
+        }
+    }
+}
+
 impl Drop for Ucx {
     fn drop(&mut self) {
         let closed = self.closed.load(std::sync::atomic::Ordering::Relaxed);
@@ -451,5 +470,76 @@ impl Drop for Ucx {
             sys::ucp_worker_destroy(self.worker);
             sys::ucp_cleanup(self.context);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Calls that fail while UCX is still moving their messages.
+
+    use std::time::Duration;
+
+    use cleave_engine::collective::Collective;
+
+    use crate::{GroupConfig, NetGroup, Pending, Transport};
+
+    use crate::quarantine;
+
+    /// Two UCX ranks as threads; `f` runs on each group after it formed. Panics if they are
+    /// not both done within a minute.
+    fn pair<T: std::marker::Send + 'static>(
+        f: impl Fn(NetGroup) -> T + std::marker::Send + Copy + 'static,
+    ) -> Vec<T> {
+        let mut cfg = GroupConfig::new(0, 2, "127.0.0.1:0");
+        cfg.bind_addr = Some("127.0.0.1:0".parse().unwrap());
+        cfg.transport = Transport::Ucx;
+        let pending = Pending::bind(cfg).unwrap();
+        let addr = pending.local_addr().unwrap().to_string();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut pending = Some(pending);
+        for rank in 0..2 {
+            let (tx, mine, addr) = (tx.clone(), pending.take(), addr.clone());
+            std::thread::spawn(move || {
+                let group = match mine {
+                    Some(p) => p.join(),
+                    None => {
+                        let mut cfg = GroupConfig::new(rank, 2, addr);
+                        cfg.bind_addr = Some("127.0.0.1:0".parse().unwrap());
+                        cfg.transport = Transport::Ucx;
+                        NetGroup::connect(cfg)
+                    }
+                };
+                let _ = tx.send((rank, f(group.unwrap())));
+            });
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let mut got: Vec<Option<T>> = vec![None, None];
+        for _ in 0..2 {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let (rank, v) = rx.recv_timeout(left).expect("ranks hung or panicked");
+            got[rank] = Some(v);
+        }
+        got.into_iter().map(Option::unwrap).collect()
+    }
+
+    #[test]
+    fn a_call_that_times_out_mid_transfer_writes_into_no_freed_buffer() {
+        let mut failed = 0;
+        for _ in 0..8 {
+            let got = pair(|mut g| {
+                // Far too short for a 32 MiB ring all-reduce: the call fails while the 16 MiB
+                // messages are still arriving.
+                g.timeout = Duration::from_millis(1);
+                let mut buf = vec![1.0f32; 8 << 20];
+                g.all_reduce_sum(&mut buf).is_err()
+            });
+            failed += got.iter().filter(|&&e| e).count();
+            assert_eq!(
+                quarantine::writes_after_free(),
+                0,
+                "after {failed} failed calls"
+            );
+        }
+        assert!(failed > 0, "no call failed: the test did not test anything");
     }
 }

@@ -9,6 +9,10 @@ use cleave_collective::{GroupConfig, GroupError, NetGroup, Pending, Transport};
 use cleave_engine::collective::{Collective, CollectiveError};
 use common::on_ranks_with;
 
+/// Catches a transport writing into a buffer after it was freed (see `common::quarantine`).
+#[global_allocator]
+static ALLOC: common::quarantine::Quarantine = common::quarantine::Quarantine;
+
 fn is_peer_or_abort(e: &CollectiveError) -> bool {
     matches!(
         e,

@@ -12,6 +12,10 @@ use cleave_engine::collective::{Collective, CollectiveError};
 
 const CHILD_ENV: &str = "CLEAVE_COLL_CHILD";
 
+/// Catches a transport writing into a buffer after it was freed (see `common::quarantine`).
+#[global_allocator]
+static ALLOC: common::quarantine::Quarantine = common::quarantine::Quarantine;
+
 /// The child rank: joins the group and all-reduces until the group fails. A no-op when run as
 /// an ordinary test.
 #[test]
@@ -100,6 +104,11 @@ fn killed_rank(t: Transport) {
     child.kill().unwrap();
     child.wait().unwrap();
     let errs = common::collect(rx, 2);
+    assert_eq!(
+        common::quarantine::writes_after_free(),
+        0,
+        "a transport request outlived its buffer"
+    );
     for (rank, e) in errs.iter().enumerate() {
         assert!(
             matches!(

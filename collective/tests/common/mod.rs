@@ -1,6 +1,8 @@
 //! Groups of ranks as threads over loopback TCP, with a watchdog so a hang fails the test.
 #![allow(dead_code)]
 
+pub mod quarantine;
+
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -69,7 +71,13 @@ pub fn on_ranks_with<T: Send + 'static>(
             let _ = tx.send((rank, f(group)));
         });
     }
-    collect(rx, world)
+    let got = collect(rx, world);
+    let bad = quarantine::writes_after_free();
+    assert_eq!(
+        bad, 0,
+        "{bad} freed buffer(s) were written after they were freed (a transport request outlived its buffer)"
+    );
+    got
 }
 
 /// [`on_ranks_with`] with the default configuration.
