@@ -466,7 +466,10 @@ impl QMatrix {
             let mut t = 0;
             while t < x.n_tokens {
                 let left = x.n_tokens - t;
-                let nt = if left >= 8 && isa.pairs(self.ty) {
+                let pairs = isa.pairs(self.ty);
+                let nt = if left >= 16 && pairs {
+                    16
+                } else if left >= 8 && pairs {
                     8
                 } else if left >= 4 {
                     4
@@ -480,7 +483,8 @@ impl QMatrix {
         }
     }
 
-    /// Computes rows `rows` × tokens `t0..t0 + nt` (`nt` is 1, 4 or 8) with the given backend.
+    /// Computes rows `rows` × tokens `t0..t0 + nt` (`nt` is 1, 4, 8 or 16) with the given
+    /// backend.
     fn block(
         &self,
         isa: Isa,
@@ -533,7 +537,7 @@ impl Isa {
         }
     }
 
-    /// Whether token tiles of 4 and 8 use 512-bit token-pair accumulators for `ty`.
+    /// Whether token tiles of 4, 8 and 16 use 512-bit token-pair accumulators for `ty`.
     fn pairs(self, ty: WeightType) -> bool {
         #[cfg(target_arch = "x86_64")]
         if self == Isa::Vnni {

@@ -66,6 +66,16 @@ impl OutPtr {
         unsafe { self.ptr.add(i).write(v) }
     }
 
+    /// Writes `out[i..i + v.len()]`, as [`OutPtr::write`] does for each.
+    #[inline(always)]
+    pub(super) fn write_slice(self, i: usize, v: &[f32]) {
+        assert!(i + v.len() <= self.len);
+        // SAFETY: `i..i + v.len()` is in bounds of the borrowed output slice, and no other
+        // thread accesses these elements (disjoint row chunks), so this write does not race;
+        // `v` is a distinct (local) buffer.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), self.ptr.add(i), v.len()) }
+    }
+
     /// Writes `out[i..i + 4]`, as [`OutPtr::write`] does for each.
     pub(super) fn write4(self, i: usize, v: [f32; 4]) {
         assert!(i + 4 <= self.len);
