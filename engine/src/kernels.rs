@@ -297,6 +297,7 @@ impl QMatrix {
         self.ty
     }
 
+    #[inline]
     fn packed_row(&self, r: usize) -> PackedRow<'_> {
         let Storage::Packed(data) = &self.data else {
             unreachable!("packed_row on F32")

@@ -13,6 +13,7 @@ use std::arch::x86_64::*;
 
 use super::{Activations, OutPtr, PackedRow, QMatrix, QK};
 
+pub(super) mod quant;
 pub(super) mod zmm;
 
 /// The AVX2 integer dot: `maddubs` (u8 × i8 → pairs of i16; at most 2·255·127 never happens

@@ -73,8 +73,8 @@ pub(super) fn finish<const R: usize, const TP: usize>(
             unsafe { _mm512_storeu_ps(v.as_mut_ptr(), s) };
             for k in 0..4 {
                 let t = t0 + 2 * (g * gp + k);
-                out.write_slice(t * rows + r0, &v[4 * k..4 * k + 2]);
-                out.write_slice((t + 1) * rows + r0, &v[4 * k + 2..4 * k + 4]);
+                out.write_n(t * rows + r0, [v[4 * k], v[4 * k + 1]]);
+                out.write_n((t + 1) * rows + r0, [v[4 * k + 2], v[4 * k + 3]]);
             }
         } else {
             // Lanes 2k, 2k + 1: [r0 t, r0 t+1, r1 t, r1 t+1], [r2 t, …] of pair g·gp + k → the
@@ -85,8 +85,9 @@ pub(super) fn finish<const R: usize, const TP: usize>(
             unsafe { _mm512_storeu_ps(v.as_mut_ptr(), s) };
             for k in 0..2 {
                 let t = t0 + 2 * (g * gp + k);
-                out.write_slice(t * rows + r0, &v[8 * k..8 * k + 4]);
-                out.write_slice((t + 1) * rows + r0, &v[8 * k + 4..8 * k + 8]);
+                let q = |i: usize| [v[i], v[i + 1], v[i + 2], v[i + 3]];
+                out.write_n(t * rows + r0, q(8 * k));
+                out.write_n((t + 1) * rows + r0, q(8 * k + 4));
             }
         }
     }
