@@ -504,7 +504,7 @@ impl QMatrix {
             #[cfg(target_arch = "x86_64")]
             Isa::Vnni if nt >= 4 && isa.pairs(self.ty) => {
                 // SAFETY: `Isa::Vnni` is only produced after detecting avx2, fma, f16c,
-                // avx512f, avx512vnni and avx512vl.
+                // avx512f, avx512bw, avx512vnni and avx512vl.
                 unsafe { x86::zmm::block(self, x, out, rows, t0, nt) }
             }
             #[cfg(target_arch = "x86_64")]
@@ -562,6 +562,7 @@ impl Isa {
                 if is_x86_feature_detected!("avx512f")
                     && is_x86_feature_detected!("avx512vnni")
                     && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512bw")
                 {
                     v.push(Isa::Vnni);
                 }

@@ -21,7 +21,22 @@ use std::ops::Range;
 use super::super::{Activations, OutPtr, QMatrix, WeightType};
 mod reduce;
 
-use super::{finish, load_f16x8, packed_rows, unpack_q4, Prefetch, QK};
+use super::{finish, packed_rows, unpack_q4, Prefetch, QK};
+
+/// Converts the f16 scales of blocks `b..min(b + 8, nb)` of `bytes` (little-endian f16s),
+/// zero past `nb`, with one masked load (the tail of a row otherwise costs a memcpy call per
+/// row and chunk, a lot for 18-block rows).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+#[inline]
+fn load_f16x8_masked(bytes: &[u8], b: usize, nb: usize) -> __m256 {
+    let n = (nb - b).min(8);
+    assert!(2 * (b + n) <= bytes.len());
+    let mask = ((1u32 << n) - 1) as __mmask8;
+    // SAFETY: the `n` selected f16s lie inside `bytes` (checked above); masked-off lanes are
+    // not accessed.
+    let v = unsafe { _mm_maskz_loadu_epi16(mask, bytes.as_ptr().add(2 * b).cast()) };
+    _mm256_cvtph_ps(v)
+}
 
 /// Lane `i` of the result comes from lane `i / 2` (duplicates each 32-bit lane of a 256-bit
 /// value).
@@ -178,7 +193,7 @@ fn chunk_scales<const TP: usize>(
 }
 
 /// Q4_0 / Q4_1 tile of rows `r0..r0 + R` × the `T = 2·TP` tokens of `x`.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
 fn tile_q4<const R: usize, const T: usize, const TP: usize>(
     m: &QMatrix,
     r0: usize,
@@ -194,9 +209,9 @@ fn tile_q4<const R: usize, const T: usize, const TP: usize>(
     let mut b0 = 0;
     while b0 < nb {
         for r in 0..R {
-            let d = load_f16x8(rows[r].d, b0, nb);
+            let d = load_f16x8_masked(rows[r].d, b0, nb);
             let mw = match rows[r].m {
-                Some(mb) => load_f16x8(mb, b0, nb),
+                Some(mb) => load_f16x8_masked(mb, b0, nb),
                 None => _mm256_mul_ps(d, _mm256_set1_ps(-8.0)),
             };
             let mw = dup_ps(mw);
@@ -233,7 +248,7 @@ fn tile_q4<const R: usize, const T: usize, const TP: usize>(
 
 /// Q8_0 tile of rows `r0..r0 + R` × the `T = 2·TP` tokens of `x` (offset trick as in
 /// `q8_dot_vnni`: `(x + 128) × w − 128 · Σw`, exact in i32).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
 fn tile_q8<const R: usize, const T: usize, const TP: usize>(
     m: &QMatrix,
     r0: usize,
@@ -251,7 +266,7 @@ fn tile_q8<const R: usize, const T: usize, const TP: usize>(
     let mut b0 = 0;
     while b0 < nb {
         for r in 0..R {
-            let dw = dup_ps(load_f16x8(rows[r].d, b0, nb));
+            let dw = dup_ps(load_f16x8_masked(rows[r].d, b0, nb));
             chunk_scales::<TP>(dw, x, b0, &mut sc[r]);
         }
         // See `tile_q4`.
@@ -282,7 +297,7 @@ fn tile_q8<const R: usize, const T: usize, const TP: usize>(
 }
 
 /// Rows `rows` × the `T = 2·TP` tokens of `x`, R rows at a time (quantized matrices).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
 fn tiles<const R: usize, const T: usize, const TP: usize>(
     m: &QMatrix,
     x: &PairView<'_, TP>,
@@ -311,7 +326,7 @@ fn tiles<const R: usize, const T: usize, const TP: usize>(
 
 /// Computes rows `rows` × tokens `t0..t0 + nt` (`nt` is 4, 8 or 16, `t0` even) of a quantized
 /// matrix.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
 pub(in crate::kernels) fn block(
     m: &QMatrix,
     x: &Activations,
