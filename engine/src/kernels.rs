@@ -31,9 +31,10 @@
 //! # Performance
 //! Kernels loop over weight rows outermost, a chunk of rows (~24 KiB, kept in L1/L2) at a time,
 //! and reuse it across all tokens with an R-rows × T-tokens register micro-kernel: 4 × 1 for
-//! single tokens (decode) and, for token tiles (batched decode, prefill), 4 × 8 and 4 × 4 with
-//! 512-bit token-pair accumulators on VNNI (`x86/zmm.rs`) or 2 × 4 on AVX2; leftover tokens use
-//! 4 × 1 and leftover rows 1 × T.
+//! single tokens (decode) and, for token tiles (batched decode, prefill), 2 × 16, 4 × 8 and
+//! 4 × 4 with 512-bit token-pair accumulators on VNNI (`x86/zmm.rs`, activations interleaved
+//! in pairs once per batch by [`Activations`]) or 2 × 4 on AVX2; leftover tokens use 4 × 1 and
+//! leftover rows 1 × T.
 //!
 //! The backend is detected once at runtime; `CLEAVE_SIMD=scalar|avx2` caps it (for testing).
 //! Activations whose width is not a multiple of 32 are not quantized and may only be used with
