@@ -45,24 +45,6 @@ unsafe fn partial<const CH: usize>(q: &[__m256; CH], k: *const f32) -> __m256 {
     acc
 }
 
-/// Positions ahead of the one being scored whose key rows are prefetched. The KV cache of a
-/// batch is far larger than the caches and its rows are scattered over blocks, so without it
-/// attention waits on memory for most of its time (only 1/8 of it is arithmetic at batch 16).
-const PREFETCH_AHEAD: usize = 16;
-
-/// Prefetches the `hd` f32s at element `off` of `mem` (prefetches never fault, so the
-/// address need not be checked).
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-fn prefetch_row(mem: &[f32], off: usize, hd: usize) {
-    let p = mem.as_ptr().wrapping_add(off).cast::<i8>();
-    let mut o = 0;
-    while o < 4 * hd {
-        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(o));
-        o += 64;
-    }
-}
-
 /// Causal attention of every batch token over its cached positions (see `attend`).
 #[target_feature(enable = "avx2,fma")]
 pub(super) fn attend_f32<const CH: usize>(
@@ -96,9 +78,6 @@ pub(super) fn attend_f32<const CH: usize>(
                 for slot in 0..bs.min(ctx - bi * bs) {
                     let (k, v) = (kb + slot * tok, vb + slot * tok);
                     assert!(k + hd <= mem.len() && v + hd <= mem.len());
-                    if scratch.rows.len() < PREFETCH_AHEAD {
-                        prefetch_row(mem, k, hd);
-                    }
                     scratch.rows.push((k, v));
                 }
             }
@@ -115,16 +94,6 @@ pub(super) fn attend_f32<const CH: usize>(
                 let row = &mut scratch.scores[h * ctx..(h + 1) * ctx];
                 let mut j = 0;
                 while j + 4 <= ctx {
-                    if h == 0 {
-                        // Keys a few positions ahead, and the values this pass will weigh.
-                        let ahead = scratch.rows.get(j + PREFETCH_AHEAD..j + PREFETCH_AHEAD + 4);
-                        for &(k, _) in ahead.unwrap_or(&[]) {
-                            prefetch_row(mem, k, hd);
-                        }
-                        for &(_, v) in &scratch.rows[j..j + 4] {
-                            prefetch_row(mem, v, hd);
-                        }
-                    }
                     let r = &scratch.rows[j..j + 4];
                     // SAFETY: every row offset was checked against `mem` above.
                     let v = unsafe {
