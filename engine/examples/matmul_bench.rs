@@ -1,7 +1,7 @@
 //! Matmul throughput bench (no criterion): `cargo run --release -p cleave-engine --example
 //! matmul_bench [threads]`.
 //!
-//! For a Q4_1 576×1536 and a Q8_0 49152×576 (LM head) random matrix, prints GFLOP/s
+//! For Q4_1 576×1536 and 1536×576, and a Q8_0 49152×576 (LM head) random matrix, prints GFLOP/s
 //! (2·rows·cols·tokens / time) at 1, 4, 16 and 64 tokens and the per-token time ratio of batch
 //! 1 over batch 16. "hot" repeats one matrix (it stays in cache when small); "streamed" cycles
 //! through copies totalling ~192 MiB, as decode streams every weight from memory once per step.
@@ -146,6 +146,15 @@ fn main() {
     );
     drop(q41_many);
 
+    // Most of the model's matrices are 576 wide: 18 blocks per row, where per-tile costs
+    // (scales every 8 blocks, the final reduction) weigh more than in 1536-wide rows.
+    let gate = random_matrix(WeightType::Q4_1, 1536, 576, &mut rng);
+    bench(
+        "Q4_1 1536x576 hot",
+        std::slice::from_ref(&gate),
+        &th,
+        &mut rng,
+    );
     let q8 = random_matrix(WeightType::Q8_0, 576, 1536, &mut rng);
     bench(
         "Q8_0 576x1536 hot",

@@ -31,9 +31,10 @@
 //! # Performance
 //! Kernels loop over weight rows outermost, a chunk of rows (~24 KiB, kept in L1/L2) at a time,
 //! and reuse it across all tokens with an R-rows × T-tokens register micro-kernel: 4 × 1 for
-//! single tokens (decode) and, for token tiles (batched decode, prefill), 4 × 8 and 4 × 4 with
-//! 512-bit token-pair accumulators on VNNI (`x86/zmm.rs`) or 2 × 4 on AVX2; leftover tokens use
-//! 4 × 1 and leftover rows 1 × T.
+//! single tokens (decode) and, for token tiles (batched decode, prefill), 2 × 16, 4 × 8 and
+//! 4 × 4 with 512-bit token-pair accumulators on VNNI (`x86/zmm.rs`, activations interleaved
+//! in pairs once per batch by [`Activations`]) or 2 × 4 on AVX2; leftover tokens use 4 × 1 and
+//! leftover rows 1 × T.
 //!
 //! The backend is detected once at runtime; `CLEAVE_SIMD=scalar|avx2` caps it (for testing).
 //! Activations whose width is not a multiple of 32 are not quantized and may only be used with
@@ -41,6 +42,7 @@
 //! the pair).
 
 mod activations;
+mod isa;
 mod scalar;
 #[cfg(test)]
 mod tests;
@@ -49,11 +51,12 @@ mod threads;
 mod x86;
 
 pub use activations::Activations;
+pub use isa::simd_path;
+use isa::{isa, Isa};
 use threads::OutPtr;
 pub use threads::Threads;
 
 use std::ops::Range;
-use std::sync::OnceLock;
 
 use half::f16;
 
@@ -297,6 +300,7 @@ impl QMatrix {
         self.ty
     }
 
+    #[inline]
     fn packed_row(&self, r: usize) -> PackedRow<'_> {
         let Storage::Packed(data) = &self.data else {
             unreachable!("packed_row on F32")
@@ -466,7 +470,10 @@ impl QMatrix {
             let mut t = 0;
             while t < x.n_tokens {
                 let left = x.n_tokens - t;
-                let nt = if left >= 8 && isa.pairs(self.ty) {
+                let pairs = isa.pairs(self.ty);
+                let nt = if left >= 16 && pairs {
+                    16
+                } else if left >= 8 && pairs {
                     8
                 } else if left >= 4 {
                     4
@@ -480,7 +487,8 @@ impl QMatrix {
         }
     }
 
-    /// Computes rows `rows` × tokens `t0..t0 + nt` (`nt` is 1, 4 or 8) with the given backend.
+    /// Computes rows `rows` × tokens `t0..t0 + nt` (`nt` is 1, 4, 8 or 16) with the given
+    /// backend.
     fn block(
         &self,
         isa: Isa,
@@ -499,7 +507,7 @@ impl QMatrix {
             #[cfg(target_arch = "x86_64")]
             Isa::Vnni if nt >= 4 && isa.pairs(self.ty) => {
                 // SAFETY: `Isa::Vnni` is only produced after detecting avx2, fma, f16c,
-                // avx512f, avx512vnni and avx512vl.
+                // avx512f, avx512bw, avx512vnni and avx512vl.
                 unsafe { x86::zmm::block(self, x, out, rows, t0, nt) }
             }
             #[cfg(target_arch = "x86_64")]
@@ -510,77 +518,4 @@ impl QMatrix {
             _ => scalar::block(self, x, out, rows, t0, nt),
         }
     }
-}
-
-/// An instruction-set backend.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Isa {
-    Scalar,
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    #[cfg(target_arch = "x86_64")]
-    Vnni,
-}
-
-impl Isa {
-    fn name(self) -> &'static str {
-        match self {
-            Isa::Scalar => "scalar",
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => "avx2",
-            #[cfg(target_arch = "x86_64")]
-            Isa::Vnni => "avx512vnni",
-        }
-    }
-
-    /// Whether token tiles of 4 and 8 use 512-bit token-pair accumulators for `ty`.
-    fn pairs(self, ty: WeightType) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        if self == Isa::Vnni {
-            return ty.is_quantized();
-        }
-        let _ = ty;
-        false
-    }
-
-    /// All backends this CPU supports, best last.
-    fn available() -> Vec<Isa> {
-        #[allow(unused_mut)]
-        let mut v = vec![Isa::Scalar];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c")
-            {
-                v.push(Isa::Avx2);
-                if is_x86_feature_detected!("avx512f")
-                    && is_x86_feature_detected!("avx512vnni")
-                    && is_x86_feature_detected!("avx512vl")
-                {
-                    v.push(Isa::Vnni);
-                }
-            }
-        }
-        v
-    }
-}
-
-/// The backend in use: the best available, capped by `CLEAVE_SIMD=scalar|avx2` if set.
-fn isa() -> Isa {
-    static ISA: OnceLock<Isa> = OnceLock::new();
-    *ISA.get_or_init(|| {
-        let avail = Isa::available();
-        let cap = std::env::var("CLEAVE_SIMD").ok();
-        let pick = avail
-            .iter()
-            .rev()
-            .find(|i| cap.as_deref().is_none_or(|c| c == i.name()));
-        *pick.unwrap_or(&avail[avail.len() - 1])
-    })
-}
-
-/// Which SIMD path is active, for logs and benches: "avx512vnni", "avx2" or "scalar".
-pub fn simd_path() -> &'static str {
-    isa().name()
 }

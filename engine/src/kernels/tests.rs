@@ -206,11 +206,12 @@ fn quantized_activations_approximate_the_input() {
 fn check_batch_invariance(ty: WeightType, rows: usize, cols: usize, seed: u64) {
     let mut rng = Rng(seed);
     let m = QMatrix::from_raw(ty, rows, cols, &random_raw(ty, rows, cols, &mut rng)).unwrap();
-    let x = random_x(17, cols, &mut rng);
+    const N: usize = 36;
+    let x = random_x(N, cols, &mut rng);
     let single = Threads::single();
     let two = Threads::new(2);
     let three = Threads::new(3);
-    let alone: Vec<Vec<f32>> = (0..17)
+    let alone: Vec<Vec<f32>> = (0..N)
         .map(|t| {
             run(
                 &m,
@@ -221,10 +222,10 @@ fn check_batch_invariance(ty: WeightType, rows: usize, cols: usize, seed: u64) {
         })
         .collect();
     for isa in Isa::available() {
-        // 8, 9, 12, 16, 17: 8-token tiles (512-bit pairs on VNNI) with 1, 4 and 8 leftovers.
-        for n in [1, 3, 4, 5, 8, 9, 12, 16, 17] {
+        // 8 to 36: 16- and 8-token tiles (512-bit pairs on VNNI) with 1, 4 and 8 leftovers.
+        for n in [1, 3, 4, 5, 8, 9, 12, 16, 17, 28, 36] {
             // Batches starting at different tokens, so each token sits in several tile slots.
-            for start in [0, 17 - n] {
+            for start in [0, N - n] {
                 let a = acts(&x[start * cols..(start + n) * cols], n, cols);
                 for th in [&single, &two, &three] {
                     let out = run(&m, isa, &a, th);

@@ -66,6 +66,15 @@ impl OutPtr {
         unsafe { self.ptr.add(i).write(v) }
     }
 
+    /// Writes `out[i..i + N]`, as [`OutPtr::write`] does for each.
+    #[inline(always)]
+    pub(super) fn write_n<const N: usize>(self, i: usize, v: [f32; N]) {
+        assert!(i + N <= self.len);
+        // SAFETY: `i..i + N` is in bounds of the borrowed output slice, and no other thread
+        // accesses these elements (disjoint row chunks), so this write does not race.
+        unsafe { self.ptr.add(i).cast::<[f32; N]>().write_unaligned(v) }
+    }
+
     /// Writes `out[i..i + 4]`, as [`OutPtr::write`] does for each.
     pub(super) fn write4(self, i: usize, v: [f32; 4]) {
         assert!(i + 4 <= self.len);

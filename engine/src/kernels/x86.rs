@@ -13,6 +13,7 @@ use std::arch::x86_64::*;
 
 use super::{Activations, OutPtr, PackedRow, QMatrix, QK};
 
+pub(super) mod quant;
 pub(super) mod zmm;
 
 /// The AVX2 integer dot: `maddubs` (u8 × i8 → pairs of i16; at most 2·255·127 never happens
@@ -377,7 +378,9 @@ backend!(
 );
 
 /// The rows `r0..r0 + R` of a quantized matrix and pointers to their quants, each checked to
-/// hold `qs_bytes · nb` bytes.
+/// hold `qs_bytes · nb` bytes (inlined: returning the arrays by value otherwise costs a memcpy
+/// per tile).
+#[inline(always)]
 fn packed_rows<const R: usize>(m: &QMatrix, r0: usize) -> ([PackedRow<'_>; R], [*const u8; R]) {
     let mut rows = [PackedRow {
         d: &[],

@@ -3,17 +3,40 @@
 //! A `zmm` accumulator holds two tokens' eight lanes interleaved: lane `2k` is lane `k` of
 //! token `t`, lane `2k + 1` lane `k` of token `t + 1`. Each lane sees exactly the float
 //! operations of the 256-bit kernels (and of `scalar.rs`), in the same order, so results stay
-//! bit-identical; only the instruction count changes. Activations of a token pair are
-//! interleaved per 4-byte group (`vpermt2d`), weights have each 4-byte group duplicated
-//! (`vpermd`), and the per-(row, token-pair, block) scale `(dw·dx_t, dw·dx_{t+1})` is one 64-bit
-//! broadcast load. Halving the instructions per (row, token, block) roughly doubles the
-//! throughput of the 4×4 256-bit tile on Zen 4, whose front end was the limit.
+//! bit-identical; only the instruction count changes. Activations of a token pair come
+//! interleaved per 4-byte group from [`Activations`] (built once per batch, not per tile),
+//! weights have each 4-byte group duplicated (`vpermd`), and the per-(row, token-pair, block)
+//! scale `(dw·dx_t, dw·dx_{t+1})` is one 64-bit broadcast load. Halving the instructions per
+//! (row, token, block) roughly doubles the throughput of the 4×4 256-bit tile on Zen 4, whose
+//! front end / vector pipes are the limit.
+//!
+//! Per block, a tile spends three vector ops per (row, pair) — `vpdpbusd`, `vcvtdq2ps`, FMA —
+//! and three per row to prepare the weights (unpack or Q8 offset, `vpermd`); the activations
+//! are plain loads. So tiles wide in tokens (2 rows × 16 tokens for batches of 16) spend the
+//! fewest ops per product.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::super::{Activations, OutPtr, QMatrix, WeightType};
-use super::{finish, load_f16x8, packed_rows, unpack_q4, Prefetch, Tokens};
+mod reduce;
+
+use super::{finish, packed_rows, unpack_q4, Prefetch, QK};
+
+/// Converts the f16 scales of blocks `b..min(b + 8, nb)` of `bytes` (little-endian f16s),
+/// zero past `nb`, with one masked load (the tail of a row otherwise costs a memcpy call per
+/// row and chunk, a lot for 18-block rows).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+#[inline]
+fn load_f16x8_masked(bytes: &[u8], b: usize, nb: usize) -> __m256 {
+    let n = (nb - b).min(8);
+    assert!(2 * (b + n) <= bytes.len());
+    let mask = ((1u32 << n) - 1) as __mmask8;
+    // SAFETY: the `n` selected f16s lie inside `bytes` (checked above); masked-off lanes are
+    // not accessed.
+    let v = unsafe { _mm_maskz_loadu_epi16(mask, bytes.as_ptr().add(2 * b).cast()) };
+    _mm256_cvtph_ps(v)
+}
 
 /// Lane `i` of the result comes from lane `i / 2` (duplicates each 32-bit lane of a 256-bit
 /// value).
@@ -21,20 +44,6 @@ use super::{finish, load_f16x8, packed_rows, unpack_q4, Prefetch, Tokens};
 #[inline]
 fn dup_idx() -> __m512i {
     _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7)
-}
-
-/// Interleaves the 32-bit lanes of two 256-bit values: `a0 b0 a1 b1 … a7 b7`.
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn interleave(a: __m256i, b: __m256i) -> __m512i {
-    let idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    _mm512_permutex2var_epi32(_mm512_castsi256_si512(a), idx, _mm512_castsi256_si512(b))
-}
-
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn interleave_ps(a: __m256, b: __m256) -> __m512 {
-    _mm512_castsi512_ps(interleave(_mm256_castps_si256(a), _mm256_castps_si256(b)))
 }
 
 #[target_feature(enable = "avx512f")]
@@ -71,6 +80,23 @@ fn finish_pairs<const R: usize, const T: usize, const TP: usize>(
     finish(&ys, rows, r0, t0, out);
 }
 
+/// Writes the tile: the joint reduction of [`reduce`] where the shape allows, else per token.
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+#[inline]
+fn finish_tile<const R: usize, const T: usize, const TP: usize>(
+    acc: &[[__m512; TP]; R],
+    rows: usize,
+    r0: usize,
+    t0: usize,
+    out: OutPtr,
+) {
+    if (R == 2 || R == 4) && (R * TP).is_multiple_of(8) {
+        reduce::finish::<R, TP>(acc, rows, r0, t0, out);
+    } else {
+        finish_pairs::<R, T, TP>(acc, rows, r0, t0, out);
+    }
+}
+
 /// The 64-bit pair `(s_t, s_{t+1})` of block `j` broadcast to all eight pairs.
 #[target_feature(enable = "avx512f")]
 #[inline]
@@ -81,31 +107,97 @@ fn pair_scale(sc: &[f32; 16], j: usize) -> __m512 {
     _mm512_castsi512_ps(_mm512_broadcastq_epi64(v))
 }
 
-/// Per-(row, token pair) scales of blocks `b0..b0 + 8`, `(dw·dx_t, dw·dx_{t+1})` per block.
-#[target_feature(enable = "avx2,fma,f16c,avx512f")]
-#[inline]
-fn chunk_scales<const R: usize, const T: usize, const TP: usize>(
-    dw: &[__m512; R],
-    tok: &Tokens<'_, T>,
-    b0: usize,
-    sc: &mut [[[f32; 16]; TP]; R],
-) {
-    #[allow(clippy::needless_range_loop)]
-    for p in 0..TP {
-        let dx = interleave_ps(tok.xd8(2 * p, b0), tok.xd8(2 * p + 1, b0));
-        for r in 0..R {
-            // SAFETY: room for 16 f32s; unaligned store.
-            unsafe { _mm512_storeu_ps(sc[r][p].as_mut_ptr(), _mm512_mul_ps(dw[r], dx)) };
+/// Validated views of the interleaved token pairs `t0 / 2 .. t0 / 2 + TP` (see
+/// [`Activations`]'s `pairs`), shared by all row tiles.
+struct PairView<'a, const TP: usize> {
+    t0: usize,
+    /// Per pair, `64 · nb` bytes: the signed activations and the same `+ 128` (for Q8_0).
+    q: [*const u8; TP],
+    qu: [*const u8; TP],
+    /// Per pair, `2 · nb8` f32s: `(d_t, d_{t+1})` and `(s_t, s_{t+1})` per block.
+    d: [&'a [f32]; TP],
+    s: [&'a [f32]; TP],
+}
+
+impl<'a, const TP: usize> PairView<'a, TP> {
+    fn new(m: &QMatrix, x: &'a Activations, t0: usize) -> Self {
+        let (nb, nb8) = (m.nb, x.nb8);
+        assert!(t0.is_multiple_of(2) && t0 / 2 + TP <= x.pairs.n && x.nb == nb);
+        let mut v = PairView {
+            t0,
+            q: [std::ptr::null(); TP],
+            qu: [std::ptr::null(); TP],
+            d: [&[]; TP],
+            s: [&[]; TP],
+        };
+        for i in 0..TP {
+            let p = t0 / 2 + i;
+            let (q, qu) = (&x.pairs.q[p * nb * 64..], &x.pairs.qu[p * nb * 64..]);
+            assert!(q.len() >= 2 * QK * nb && qu.len() >= 2 * QK * nb);
+            v.q[i] = q.as_ptr();
+            v.qu[i] = qu.as_ptr();
+            v.d[i] = &x.pairs.d[p * 2 * nb8..(p + 1) * 2 * nb8];
+            v.s[i] = &x.pairs.s[p * 2 * nb8..(p + 1) * 2 * nb8];
         }
+        v
+    }
+
+    /// The interleaved activations of pair `i`, block `b < nb`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn xq(&self, i: usize, b: usize) -> __m512i {
+        // SAFETY: `b < nb` and pair rows hold `64 · nb` bytes (checked in `new`); unaligned.
+        unsafe { _mm512_loadu_si512(self.q[i].add(64 * b).cast()) }
+    }
+
+    /// As [`PairView::xq`], plus 128 (as u8).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn xu(&self, i: usize, b: usize) -> __m512i {
+        // SAFETY: as in `xq`.
+        unsafe { _mm512_loadu_si512(self.qu[i].add(64 * b).cast()) }
+    }
+
+    /// `(d_t, d_{t+1})` of pair `i`, blocks `b0..b0 + 8` (zero past `nb`).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn d16(&self, i: usize, b0: usize) -> __m512 {
+        let d = &self.d[i][2 * b0..2 * b0 + 16];
+        // SAFETY: `d` is 16 readable f32s; unaligned load.
+        unsafe { _mm512_loadu_ps(d.as_ptr()) }
+    }
+
+    /// `(s_t, s_{t+1})` of pair `i`, blocks `b0..b0 + 8` (zero past `nb`).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn s16(&self, i: usize, b0: usize) -> __m512 {
+        let s = &self.s[i][2 * b0..2 * b0 + 16];
+        // SAFETY: `s` is 16 readable f32s; unaligned load.
+        unsafe { _mm512_loadu_ps(s.as_ptr()) }
     }
 }
 
-/// Q4_0 / Q4_1 tile of rows `r0..r0 + R` × the `T = 2·TP` tokens of `tok`.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
-pub(super) fn tile_q4<const R: usize, const T: usize, const TP: usize>(
+/// Stores the per-(row, token pair) scales `(dw·dx_t, dw·dx_{t+1})` of blocks `b0..b0 + 8`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+#[inline]
+fn chunk_scales<const TP: usize>(
+    dw: __m512,
+    x: &PairView<'_, TP>,
+    b0: usize,
+    sc: &mut [[f32; 16]; TP],
+) {
+    for (p, sc) in sc.iter_mut().enumerate() {
+        // SAFETY: room for 16 f32s; unaligned store.
+        unsafe { _mm512_storeu_ps(sc.as_mut_ptr(), _mm512_mul_ps(dw, x.d16(p, b0))) };
+    }
+}
+
+/// Q4_0 / Q4_1 tile of rows `r0..r0 + R` × the `T = 2·TP` tokens of `x`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+fn tile_q4<const R: usize, const T: usize, const TP: usize>(
     m: &QMatrix,
     r0: usize,
-    tok: &Tokens<'_, T>,
+    x: &PairView<'_, TP>,
     out: OutPtr,
 ) {
     assert_eq!(T, 2 * TP);
@@ -116,22 +208,19 @@ pub(super) fn tile_q4<const R: usize, const T: usize, const TP: usize>(
     let mut sc = [[[0f32; 16]; TP]; R];
     let mut b0 = 0;
     while b0 < nb {
-        let mut dw = [_mm512_setzero_ps(); R];
         for r in 0..R {
-            let d = load_f16x8(rows[r].d, b0, nb);
+            let d = load_f16x8_masked(rows[r].d, b0, nb);
             let mw = match rows[r].m {
-                Some(mb) => load_f16x8(mb, b0, nb),
+                Some(mb) => load_f16x8_masked(mb, b0, nb),
                 None => _mm256_mul_ps(d, _mm256_set1_ps(-8.0)),
             };
             let mw = dup_ps(mw);
             #[allow(clippy::needless_range_loop)]
             for p in 0..TP {
-                let s = interleave_ps(tok.s8(2 * p, b0), tok.s8(2 * p + 1, b0));
-                acc[r][p] = _mm512_fmadd_ps(mw, s, acc[r][p]);
+                acc[r][p] = _mm512_fmadd_ps(mw, x.s16(p, b0), acc[r][p]);
             }
-            dw[r] = dup_ps(d);
+            chunk_scales::<TP>(dup_ps(d), x, b0, &mut sc[r]);
         }
-        chunk_scales::<R, T, TP>(&dw, tok, b0, &mut sc);
         // Keep the scales in memory so that they are broadcast by loads.
         std::hint::black_box(&mut sc);
         for j in 0..(nb - b0).min(8) {
@@ -144,7 +233,7 @@ pub(super) fn tile_q4<const R: usize, const T: usize, const TP: usize>(
                 w[r] = dup_epi32(unsafe { unpack_q4(qs[r].add(16 * b)) });
             }
             for p in 0..TP {
-                let xv = interleave(tok.xq32(2 * p, b), tok.xq32(2 * p + 1, b));
+                let xv = x.xq(p, b);
                 for r in 0..R {
                     let l = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[r], xv);
                     let l = _mm512_cvtepi32_ps(l);
@@ -154,16 +243,16 @@ pub(super) fn tile_q4<const R: usize, const T: usize, const TP: usize>(
         }
         b0 += 8;
     }
-    finish_pairs::<R, T, TP>(&acc, m.rows, r0, tok.t0, out);
+    finish_tile::<R, T, TP>(&acc, m.rows, r0, x.t0, out);
 }
 
-/// Q8_0 tile of rows `r0..r0 + R` × the `T = 2·TP` tokens of `tok` (offset trick as in
+/// Q8_0 tile of rows `r0..r0 + R` × the `T = 2·TP` tokens of `x` (offset trick as in
 /// `q8_dot_vnni`: `(x + 128) × w − 128 · Σw`, exact in i32).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
-pub(super) fn tile_q8<const R: usize, const T: usize, const TP: usize>(
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+fn tile_q8<const R: usize, const T: usize, const TP: usize>(
     m: &QMatrix,
     r0: usize,
-    tok: &Tokens<'_, T>,
+    x: &PairView<'_, TP>,
     out: OutPtr,
 ) {
     assert_eq!(T, 2 * TP);
@@ -176,11 +265,10 @@ pub(super) fn tile_q8<const R: usize, const T: usize, const TP: usize>(
     let m128 = _mm512_set1_epi8(-128);
     let mut b0 = 0;
     while b0 < nb {
-        let mut dw = [_mm512_setzero_ps(); R];
         for r in 0..R {
-            dw[r] = dup_ps(load_f16x8(rows[r].d, b0, nb));
+            let dw = dup_ps(load_f16x8_masked(rows[r].d, b0, nb));
+            chunk_scales::<TP>(dw, x, b0, &mut sc[r]);
         }
-        chunk_scales::<R, T, TP>(&dw, tok, b0, &mut sc);
         // See `tile_q4`.
         std::hint::black_box(&mut sc);
         for j in 0..(nb - b0).min(8) {
@@ -196,8 +284,7 @@ pub(super) fn tile_q8<const R: usize, const T: usize, const TP: usize>(
                 w[r] = (v, corr);
             }
             for p in 0..TP {
-                let xv = interleave(tok.xq32(2 * p, b), tok.xq32(2 * p + 1, b));
-                let xu = _mm512_xor_si512(xv, m128);
+                let xu = x.xu(p, b);
                 for r in 0..R {
                     let l = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(w[r].1, xu, w[r].0));
                     acc[r][p] = _mm512_fmadd_ps(l, pair_scale(&sc[r][p], j), acc[r][p]);
@@ -206,14 +293,14 @@ pub(super) fn tile_q8<const R: usize, const T: usize, const TP: usize>(
         }
         b0 += 8;
     }
-    finish_pairs::<R, T, TP>(&acc, m.rows, r0, tok.t0, out);
+    finish_tile::<R, T, TP>(&acc, m.rows, r0, x.t0, out);
 }
 
-/// Rows `rows` × the `T = 2·TP` tokens of `tok`, R rows at a time (quantized matrices).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
+/// Rows `rows` × the `T = 2·TP` tokens of `x`, R rows at a time (quantized matrices).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
 fn tiles<const R: usize, const T: usize, const TP: usize>(
     m: &QMatrix,
-    tok: &Tokens<'_, T>,
+    x: &PairView<'_, TP>,
     out: OutPtr,
     rows: Range<usize>,
 ) {
@@ -221,24 +308,25 @@ fn tiles<const R: usize, const T: usize, const TP: usize>(
     let mut r = rows.start;
     while r + R <= rows.end {
         if q8 {
-            tile_q8::<R, T, TP>(m, r, tok, out);
+            tile_q8::<R, T, TP>(m, r, x, out);
         } else {
-            tile_q4::<R, T, TP>(m, r, tok, out);
+            tile_q4::<R, T, TP>(m, r, x, out);
         }
         r += R;
     }
     while r < rows.end {
         if q8 {
-            tile_q8::<1, T, TP>(m, r, tok, out);
+            tile_q8::<1, T, TP>(m, r, x, out);
         } else {
-            tile_q4::<1, T, TP>(m, r, tok, out);
+            tile_q4::<1, T, TP>(m, r, x, out);
         }
         r += 1;
     }
 }
 
-/// Computes rows `rows` × tokens `t0..t0 + nt` (`nt` is 4 or 8) of a quantized matrix.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni,avx512vl")]
+/// Computes rows `rows` × tokens `t0..t0 + nt` (`nt` is 4, 8 or 16, `t0` even) of a quantized
+/// matrix.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
 pub(in crate::kernels) fn block(
     m: &QMatrix,
     x: &Activations,
@@ -248,10 +336,12 @@ pub(in crate::kernels) fn block(
     nt: usize,
 ) {
     assert!(m.ty.is_quantized());
-    if nt == 8 {
-        tiles::<4, 8, 4>(m, &Tokens::new(m, x, t0), out, rows);
-    } else {
-        assert_eq!(nt, 4);
-        tiles::<4, 4, 2>(m, &Tokens::new(m, x, t0), out, rows);
+    match nt {
+        16 => tiles::<2, 16, 8>(m, &PairView::new(m, x, t0), out, rows),
+        8 => tiles::<4, 8, 4>(m, &PairView::new(m, x, t0), out, rows),
+        _ => {
+            assert_eq!(nt, 4);
+            tiles::<4, 4, 2>(m, &PairView::new(m, x, t0), out, rows);
+        }
     }
 }
