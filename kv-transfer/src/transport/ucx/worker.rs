@@ -214,8 +214,13 @@ impl State {
                 }
             }
             let mut progressed = false;
-            // SAFETY: the worker is live and only used on this thread.
-            while unsafe { sys::ucp_worker_progress(self.worker) } != 0 {
+            // Bounded: a worker that never goes idle must not keep this thread from its
+            // commands (a Shutdown that `Drop` waits for) and from reaping timed-out transfers.
+            for _ in 0..256 {
+                // SAFETY: the worker is live and only used on this thread.
+                if unsafe { sys::ucp_worker_progress(self.worker) } == 0 {
+                    break;
+                }
                 progressed = true;
             }
             self.reap();
