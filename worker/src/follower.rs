@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use anyhow::Context;
+use axum::routing::get;
 use cleave_engine::engine::run_follower_with;
 use cleave_engine::kernels::Threads;
 use cleave_engine::kv::memory::{KvCache, KvLayout};
@@ -70,8 +71,24 @@ pub async fn run(
         layout.block_bytes(),
         tokio::runtime::Handle::current(),
     );
-    println!("{{\"group_rank\":{},\"group_size\":{}}}", m.rank, m.size);
-    tracing::info!(rank = m.rank, size = m.size, "follower ready");
+    // /health and /ready for the pod's probes (a follower serves no requests: the router's
+    // Kubernetes discovery skips follower pods by their group-index label).
+    let http = tokio::net::TcpListener::bind(config.http_addr)
+        .await
+        .context("binding the HTTP address")?;
+    let http_addr = http.local_addr()?;
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route(
+            "/ready",
+            get(|| async { "ok: a follower rank (its leader serves requests)" }),
+        );
+    let _http = AbortOnDrop(tokio::spawn(async move { axum::serve(http, app).await }));
+    println!(
+        "{{\"group_rank\":{},\"group_size\":{},\"http\":\"{http_addr}\"}}",
+        m.rank, m.size
+    );
+    tracing::info!(rank = m.rank, size = m.size, %http_addr, "follower ready");
     let g = group.clone();
     let mut work = tokio::task::spawn_blocking(move || {
         run_follower_with(&model, &mut cache, g.as_ref(), &mut |p: &[u8]| {
@@ -96,5 +113,14 @@ pub async fn run(
             "worker group failed on rank {}: {e}",
             m.rank
         )),
+    }
+}
+
+/// Aborts the task when dropped (the follower's HTTP server ends with the follower).
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }

@@ -60,6 +60,12 @@ async fn a_tp3_group_of_processes_generates_the_single_process_tokens() {
     let (wraps, hosts) = loopback(3);
     let mut group = Group::start(&wraps, &hosts, &[]);
     check_tokens(&group, &prompts, &want).await;
+    // Followers answer their pods' probes (they serve no requests).
+    for f in &group.ranks[1..] {
+        for path in ["/health", "/ready"] {
+            assert_eq!(http_get(&f.addr("http"), path).map(|r| r.0), Some(200));
+        }
+    }
     // A leader that stops cleanly stops its followers cleanly (exit 0).
     group.ranks[0].signal("-TERM");
     for (r, p) in group.ranks.iter_mut().enumerate() {

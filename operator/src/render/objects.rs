@@ -120,13 +120,20 @@ pub fn group_stateful_set(
     selector.insert(names::GROUP.into(), index.to_string());
     let mut labels = names::labels(name, c);
     labels.insert(names::GROUP.into(), index.to_string());
+    let sts = names::group(name, c, index);
+    super::pods::group_env(
+        &mut template,
+        size,
+        &format!("{sts}-0"),
+        &names::workload(name, c),
+    );
     if let Some(m) = template.metadata.as_mut() {
         m.labels
             .get_or_insert_with(BTreeMap::new)
             .insert(names::GROUP.into(), index.to_string());
     }
     StatefulSet {
-        metadata: meta(names::group(name, c, index), ns, labels, owner),
+        metadata: meta(sts, ns, labels, owner),
         spec: Some(StatefulSetSpec {
             replicas: Some(size),
             service_name: Some(names::workload(name, c)),

@@ -154,6 +154,49 @@ pub fn worker_template(
     }
 }
 
+/// Port of a worker group's leader listener (the workers' `--group-port` default).
+pub const GROUP_PORT: i32 = 29400;
+
+/// Membership of a StatefulSet group's pods (LeaderWorkerSet provides `LWS_*` instead): the
+/// group size, the leader (pod 0, through the pool's headless Service, which publishes
+/// not-ready addresses) and the rank (the pod-index label, Kubernetes 1.28+).
+pub fn group_env(template: &mut PodTemplateSpec, size: i32, leader_pod: &str, service: &str) {
+    let Some(c) = template
+        .spec
+        .as_mut()
+        .and_then(|s| s.containers.first_mut())
+    else {
+        return;
+    };
+    let value = |name: &str, v: String| EnvVar {
+        name: name.into(),
+        value: Some(v),
+        ..Default::default()
+    };
+    let env = c.env.get_or_insert_with(Vec::new);
+    env.splice(
+        0..0,
+        [
+            value("CLEAVE_GROUP_SIZE", size.to_string()),
+            value(
+                "CLEAVE_GROUP_LEADER",
+                format!("{leader_pod}.{service}:{GROUP_PORT}"),
+            ),
+            EnvVar {
+                name: "CLEAVE_GROUP_RANK".into(),
+                value_from: Some(EnvVarSource {
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: "metadata.labels['apps.kubernetes.io/pod-index']".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        ],
+    );
+}
+
 /// The pod's IP as `CLEAVE_KV_ADVERTISE` (workers listen on every interface; peers in other
 /// pods dial this IP for KV transfers), then the pool's own variables (which may override it).
 fn worker_env(pool: &PoolSpec) -> Vec<EnvVar> {

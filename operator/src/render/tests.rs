@@ -210,6 +210,26 @@ fn multi_node_groups_use_leader_worker_sets_or_stateful_sets() {
         gs.selector.match_labels.as_ref().unwrap()[names::GROUP],
         "1"
     );
+    // Membership: size, the leader pod through the pool's headless Service, rank = pod index.
+    let env = gs.template.spec.as_ref().unwrap().containers[0]
+        .env
+        .clone()
+        .unwrap();
+    let var = |n: &str| env.iter().find(|e| e.name == n).unwrap().clone();
+    assert_eq!(var("CLEAVE_GROUP_SIZE").value.as_deref(), Some("2"));
+    assert_eq!(
+        var("CLEAVE_GROUP_LEADER").value.as_deref(),
+        Some("chat-decode-g1-0.chat-decode:29400")
+    );
+    let rank = var("CLEAVE_GROUP_RANK")
+        .value_from
+        .unwrap()
+        .field_ref
+        .unwrap();
+    assert_eq!(
+        rank.field_path,
+        "metadata.labels['apps.kubernetes.io/pod-index']"
+    );
     assert!(d
         .deployments
         .iter()

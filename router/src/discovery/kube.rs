@@ -29,6 +29,12 @@ use crate::place::Role;
 pub const FIRST_ID: u64 = 1 << 40;
 /// The label naming a worker pod's pool (its role).
 pub const POOL_LABEL: &str = "serving.cleave.dev/pool";
+/// LeaderWorkerSet's label of a pod's index in its group (0: the leader).
+pub const LWS_INDEX_LABEL: &str = "leaderworkerset.sigs.k8s.io/worker-index";
+/// The operator's label of a StatefulSet group's pods (their rank is the pod index).
+pub const GROUP_LABEL: &str = "serving.cleave.dev/group";
+/// The StatefulSet controller's label of a pod's ordinal (Kubernetes 1.28+).
+pub const POD_INDEX_LABEL: &str = "apps.kubernetes.io/pod-index";
 /// The name of the container port the workers serve gRPC on.
 pub const GRPC_PORT_NAME: &str = "grpc";
 /// The gRPC port when no container port is named [`GRPC_PORT_NAME`].
@@ -67,6 +73,14 @@ pub fn pod_state(pod: &Pod) -> PodState {
     };
     if pod.metadata.deletion_timestamp.is_some() {
         return PodState::Waiting("terminating");
+    }
+    // A follower rank of a multi-node worker group: only the group's leader serves requests.
+    let labels = pod.metadata.labels.as_ref();
+    let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
+    let follower = label(LWS_INDEX_LABEL).is_some_and(|i| i != "0")
+        || (label(GROUP_LABEL).is_some() && label(POD_INDEX_LABEL).is_some_and(|i| i != "0"));
+    if follower {
+        return PodState::Waiting("a follower rank of a worker group");
     }
     let status = pod.status.as_ref();
     let ready = status

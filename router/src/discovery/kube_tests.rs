@@ -116,3 +116,21 @@ fn listing_keeps_only_serving_pods_by_name() {
     let names: Vec<String> = super::serving(&pods).into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, ["svc-decode-0", "svc-prefill-0"]);
 }
+
+#[test]
+fn only_a_groups_leader_serves() {
+    // LeaderWorkerSet pods: the leader has worker-index 0.
+    let mut p = worker();
+    p["metadata"]["labels"][LWS_INDEX_LABEL] = json!("0");
+    assert_eq!(state(p), serving(Role::Decode, "http://10.1.2.3:50052"));
+    let mut p = worker();
+    p["metadata"]["labels"][LWS_INDEX_LABEL] = json!("2");
+    assert!(matches!(state(p), PodState::Waiting(_)));
+    // The operator's StatefulSet groups: rank = pod index.
+    let mut p = worker();
+    p["metadata"]["labels"][GROUP_LABEL] = json!("1");
+    p["metadata"]["labels"][POD_INDEX_LABEL] = json!("1");
+    assert!(matches!(state(p.clone()), PodState::Waiting(_)));
+    p["metadata"]["labels"][POD_INDEX_LABEL] = json!("0");
+    assert_eq!(state(p), serving(Role::Decode, "http://10.1.2.3:50052"));
+}
