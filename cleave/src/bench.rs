@@ -331,7 +331,7 @@ pub struct KvTransferArgs {
     /// tokens (0: skip).
     #[arg(long, default_value_t = 1024)]
     pub ttft_prompt_tokens: usize,
-    /// GGUF for the TTFT breakdown (default: the cached default model).
+    /// GGUF file or Hugging Face directory for the TTFT breakdown (default: the cached default model).
     #[arg(long, env = "CLEAVE_MODEL")]
     pub model: Option<std::path::PathBuf>,
 }
@@ -424,9 +424,7 @@ pub fn ttft_breakdown(
         let stop = tokio_util::sync::CancellationToken::new();
         let prefill = run(Role::Prefill, config.clone(), stop.clone()).await?;
         let decode = run(Role::Decode, config, stop.clone()).await?;
-        let tok = cleave_engine::tokenizer::Tokenizer::from_gguf(
-            &cleave_engine::gguf::GgufFile::open(&model)?,
-        )?;
+        let tok = cleave_engine::load::ModelText::open(&model)?.tokenizer;
         let mut client = cleave_proto::v1::decode_worker_client::DecodeWorkerClient::connect(
             format!("http://{}", decode.grpc_addr),
         )

@@ -59,14 +59,7 @@ pub struct UpArgs {
 impl UpArgs {
     /// Processes per worker, from `--tp` and `--ep`.
     fn group_size(&self) -> anyhow::Result<usize> {
-        let n = match (self.tp, self.ep) {
-            (Some(tp), Some(ep)) if tp != ep => bail!(
-                "--tp {tp} and --ep {ep} differ: attention runs tensor-parallel over the \
-                 expert-parallel ranks, so a group has one size (give one of them)"
-            ),
-            (Some(n), _) | (None, Some(n)) => n,
-            (None, None) => 1,
-        };
+        let n = cleave_worker::group::size_from_flags(self.tp, self.ep)?.unwrap_or(1);
         anyhow::ensure!(n >= 1, "--tp/--ep must be at least 1");
         Ok(n)
     }

@@ -151,7 +151,7 @@ pub fn serve_until_signal(config: RouterConfig) -> anyhow::Result<()> {
 
 /// The name clients send by default: a GGUF file's name without `.gguf`, a Hugging Face
 /// directory's name.
-pub fn default_model_name(model: &std::path::Path) -> String {
+fn default_model_name(model: &std::path::Path) -> String {
     let name = if model.is_dir() {
         model.file_name()
     } else {

@@ -83,7 +83,13 @@ pub async fn run(
             "/ready",
             get(|| async { "ok: a follower rank (its leader serves requests)" }),
         );
-    let _http = AbortOnDrop(tokio::spawn(async move { axum::serve(http, app).await }));
+    let http_stop = CancellationToken::new();
+    let _http_stop = http_stop.clone().drop_guard();
+    tokio::spawn(async move {
+        axum::serve(http, app)
+            .with_graceful_shutdown(http_stop.cancelled_owned())
+            .await
+    });
     println!(
         "{{\"group_rank\":{},\"group_size\":{},\"http\":\"{http_addr}\"}}",
         m.rank, m.size
@@ -113,14 +119,5 @@ pub async fn run(
             "worker group failed on rank {}: {e}",
             m.rank
         )),
-    }
-}
-
-/// Aborts the task when dropped (the follower's HTTP server ends with the follower).
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }

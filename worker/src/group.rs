@@ -114,21 +114,26 @@ fn env_usize(name: &str) -> anyhow::Result<Option<usize>> {
     }
 }
 
+/// The group size `--tp` and `--ep` give (`None`: neither). Attention runs tensor-parallel over
+/// the expert-parallel ranks, so both name the same number when both are given.
+pub fn size_from_flags(tp: Option<usize>, ep: Option<usize>) -> anyhow::Result<Option<usize>> {
+    match (tp, ep) {
+        (Some(tp), Some(ep)) if tp != ep => anyhow::bail!(
+            "--tp {tp} and --ep {ep} differ: attention runs tensor-parallel over the \
+             expert-parallel ranks, so a group has one size (give one of them)"
+        ),
+        (Some(n), _) | (None, Some(n)) => Ok(Some(n)),
+        (None, None) => Ok(None),
+    }
+}
+
 impl GroupArgs {
     /// The membership from flags, then `CLEAVE_GROUP_*`, then `LWS_*`; `None` for a group of
     /// one.
     pub fn membership(&self) -> anyhow::Result<Option<Membership>> {
-        let size = match (self.size, self.ep) {
-            (Some(tp), Some(ep)) => {
-                anyhow::ensure!(
-                    tp == ep,
-                    "--tp {tp} and --ep {ep} differ: attention runs tensor-parallel over the \
-                     expert-parallel ranks, so a group has one size (give one of them)"
-                );
-                tp
-            }
-            (Some(s), None) | (None, Some(s)) => s,
-            (None, None) => env_usize("LWS_GROUP_SIZE")?.unwrap_or(1),
+        let size = match size_from_flags(self.size, self.ep)? {
+            Some(s) => s,
+            None => env_usize("LWS_GROUP_SIZE")?.unwrap_or(1),
         };
         anyhow::ensure!(size >= 1, "the group size (--tp/--ep) must be at least 1");
         let rank = match self.rank {
