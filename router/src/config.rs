@@ -33,7 +33,7 @@ pub struct RouterConfig {
     pub policy: PolicyKind,
     /// Disaggregate only when at least this many prompt blocks (16 tokens) are uncached on the
     /// decode worker; shorter prompts are prefilled where they decode.
-    #[arg(long, env = "CLEAVE_DISAGG_MIN_UNCACHED_BLOCKS", default_value_t = 4)]
+    #[arg(long, env = "CLEAVE_DISAGG_MIN_UNCACHED_BLOCKS", default_value_t = 9)]
     pub disagg_min_uncached_blocks: usize,
     /// A file with one accepted API key per line (enables `Authorization: Bearer` checks).
     #[arg(long, env = "CLEAVE_API_KEYS_FILE")]
