@@ -94,8 +94,19 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
         disagg_min_uncached_blocks: config.disagg_min_uncached_blocks,
         ..Default::default()
     };
-    let dispatcher = Dispatcher::new(cluster.clone(), config.policy.build(&place), model_name)
-        .with_metrics(metrics.clone());
+    let backend: Arc<dyn crate::api::backend::Backend> = match config.kv_events {
+        Some(_) => Arc::new(crate::events::start_pool(
+            &config,
+            cluster.clone(),
+            &place,
+            model_name,
+            shutdown.clone(),
+        )?),
+        None => Arc::new(
+            Dispatcher::new(cluster.clone(), config.policy.build(&place), model_name)
+                .with_metrics(metrics.clone()),
+        ),
+    };
     let admission = Admission::new(
         AdmitConfig {
             max_in_flight: config.max_in_flight,
@@ -106,7 +117,7 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
         metrics.queue_depth.clone(),
     );
     let state = Arc::new(ApiState {
-        backend: Arc::new(dispatcher),
+        backend,
         tokenizer,
         template,
         max_context,
