@@ -18,6 +18,8 @@
 //!   simulated workers (LRU caches emitting KV events, FIFO service with a simple time model)
 //!   and reports hit rate, load imbalance, TTFT and decision rate per policy
 //!   (`cleave bench route`).
+//! - [`epp`]: `--mode endpoint-picker`, the same placement as an Envoy ext_proc endpoint picker
+//!   for a Gateway API Inference Extension `InferencePool` (cleave, vLLM or SGLang pods).
 
 #![forbid(unsafe_code)]
 
@@ -26,6 +28,7 @@ pub mod api;
 pub mod config;
 pub mod discovery;
 pub mod dispatch;
+pub mod epp;
 pub mod place;
 pub mod serve;
 pub mod sim;
