@@ -169,6 +169,14 @@ async fn wait_queue(running: &epp::Running, dest: SocketAddr, queue_depth: u64) 
     }
 }
 
+async fn channel(addr: SocketAddr) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("an endpoint")
+        .connect()
+        .await
+        .expect("connects")
+}
+
 /// One ext_proc stream, as Envoy drives it.
 struct Envoy {
     tx: mpsc::Sender<ProcessingRequest>,
@@ -177,9 +185,7 @@ struct Envoy {
 
 impl Envoy {
     async fn open(addr: SocketAddr) -> Envoy {
-        let mut client = ExternalProcessorClient::connect(format!("http://{addr}"))
-            .await
-            .expect("connects");
+        let mut client = ExternalProcessorClient::new(channel(addr).await);
         let (tx, out) = mpsc::channel(16);
         let rx = client
             .process(ReceiverStream::new(out))
@@ -621,9 +627,7 @@ async fn grpc_health_answers() {
     use tonic_health::pb::HealthCheckRequest;
     let s = metrics_server(vllm_text(0, 0, 0.0)).await;
     let running = start(&[s.addr], &[], 1).await;
-    let mut client = HealthClient::connect(format!("http://{}", running.addr))
-        .await
-        .expect("connects");
+    let mut client = HealthClient::new(channel(running.addr).await);
     for service in ["", "liveness", "readiness", epp::health::EXT_PROC] {
         let r = client
             .check(HealthCheckRequest {
@@ -674,14 +678,39 @@ async fn picks_from_an_inference_pool_in_kubernetes() {
     else {
         return;
     };
-    // The CRD, vendored unmodified (cluster-scoped; left installed for other runs).
+    // The CRD, vendored unmodified (cluster-scoped; left installed for other runs). Servers
+    // before 1.25 know no CEL, and 1.20 rejects empty-string schema defaults (it reads them as
+    // null): for those both are left out here, and only there.
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../crds/upstream/inference.networking.k8s.io_inferencepools.yaml"
     );
-    let crd: CustomResourceDefinition =
+    let mut crd: serde_json::Value =
         serde_yaml::from_str(&std::fs::read_to_string(path).expect("the vendored CRD"))
-            .expect("a CRD");
+            .expect("YAML");
+    let version = client
+        .apiserver_version()
+        .await
+        .expect("the server version");
+    let minor: u32 = version.minor.trim_end_matches('+').parse().unwrap_or(0);
+    if version.major == "1" && minor < 25 {
+        fn strip(v: &mut serde_json::Value) {
+            match v {
+                serde_json::Value::Object(m) => {
+                    m.remove("x-kubernetes-validations");
+                    if m.get("default") == Some(&json!("")) {
+                        m.remove("default");
+                    }
+                    m.values_mut().for_each(strip);
+                }
+                serde_json::Value::Array(a) => a.iter_mut().for_each(strip),
+                _ => {}
+            }
+        }
+        strip(&mut crd);
+        eprintln!("Kubernetes 1.{minor}: CEL rules and empty-string defaults left out of the CRD");
+    }
+    let crd: CustomResourceDefinition = serde_json::from_value(crd).expect("a CRD");
     let crds = Api::<CustomResourceDefinition>::all(client.clone());
     match crds.create(&PostParams::default(), &crd).await {
         Ok(_) => {}
