@@ -11,6 +11,10 @@ use crate::place::PolicyKind;
 /// Router settings.
 #[derive(Clone, Debug, Args)]
 pub struct RouterConfig {
+    /// What the router serves: the OpenAI API (`http`), or the Gateway API Inference
+    /// Extension's endpoint picker over Envoy ext_proc (`endpoint-picker`, docs/endpoint-picker.md).
+    #[arg(long, env = "CLEAVE_MODE", value_enum, default_value = "http")]
+    pub mode: Mode,
     /// Where the OpenAI API listens.
     #[arg(long, env = "CLEAVE_LISTEN", default_value = "127.0.0.1:8000")]
     pub listen: SocketAddr,
@@ -86,6 +90,18 @@ pub struct RouterConfig {
     /// The KV-event topic to subscribe to (default: all).
     #[arg(long, env = "CLEAVE_KV_EVENTS_TOPIC", default_value = "")]
     pub kv_events_topic: String,
+    #[command(flatten)]
+    pub epp: crate::epp::config::EppConfig,
+}
+
+/// What `cleave-router` serves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// The OpenAI-compatible HTTP API, dispatching to cleave workers.
+    #[default]
+    Http,
+    /// An endpoint picker for an InferencePool behind an Envoy-based Gateway.
+    EndpointPicker,
 }
 
 /// Where workers are discovered besides the static lists.
@@ -148,6 +164,9 @@ impl RouterConfig {
         if !self.kv_events_pods.is_empty() {
             return Err("--kv-events-pod needs --kv-events vllm|sglang".into());
         }
+        if self.mode == Mode::EndpointPicker {
+            return self.epp.validate();
+        }
         if self.discovery == Some(DiscoveryKind::Etcd) && self.etcd_endpoints().is_empty() {
             return Err("--discovery etcd needs --etcd endpoints".into());
         }
@@ -174,7 +193,7 @@ impl RouterConfig {
     }
 }
 
-fn parse_secs(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_secs(s: &str) -> Result<Duration, String> {
     s.trim_end_matches('s')
         .parse::<f64>()
         .ok()

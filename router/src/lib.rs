@@ -20,6 +20,8 @@
 //!   simulated workers (LRU caches emitting KV events, FIFO service with a simple time model)
 //!   and reports hit rate, load imbalance, TTFT and decision rate per policy
 //!   (`cleave bench route`).
+//! - [`epp`]: `--mode endpoint-picker`, the same placement as an Envoy ext_proc endpoint picker
+//!   for a Gateway API Inference Extension `InferencePool` (cleave, vLLM or SGLang pods).
 
 #![forbid(unsafe_code)]
 
@@ -29,6 +31,7 @@ pub mod config;
 pub mod discovery;
 pub mod dispatch;
 pub mod events;
+pub mod epp;
 pub mod place;
 pub mod serve;
 pub mod sim;

@@ -146,7 +146,11 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
 }
 
 /// Serves until Ctrl-C or SIGTERM, printing `{"http":"addr"}` on stdout once listening.
+/// With `--mode endpoint-picker`, runs the endpoint picker instead ([`crate::epp`]).
 pub fn serve_until_signal(config: RouterConfig) -> anyhow::Result<()> {
+    if config.mode == crate::config::Mode::EndpointPicker {
+        return crate::epp::serve_until_signal(config);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -162,7 +166,7 @@ pub fn serve_until_signal(config: RouterConfig) -> anyhow::Result<()> {
 
 /// The name clients send by default: a GGUF file's name without `.gguf`, a Hugging Face
 /// directory's name.
-fn default_model_name(model: &std::path::Path) -> String {
+pub(crate) fn default_model_name(model: &std::path::Path) -> String {
     let name = if model.is_dir() {
         model.file_name()
     } else {
