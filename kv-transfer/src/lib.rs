@@ -27,7 +27,8 @@ pub use transport::tcp::TcpTransport;
 #[cfg(have_ucx)]
 pub use transport::ucx::UcxTransport;
 pub use transport::{
-    default_transport, ucx_available, ucx_or_skip, Backend, BackendChoice, Transport, TransportConfig,
+    default_transport, ucx_available, ucx_or_skip, Backend, BackendChoice, Transport,
+    TransportConfig,
 };
 
 use serde::{Deserialize, Serialize};
