@@ -68,6 +68,30 @@ impl NetGroup {
         (0..self.world).filter(move |&p| p != self.rank)
     }
 
+    /// The same `data` for every peer.
+    fn send_to_every_peer<'a>(&self, data: &'a [f32]) -> Vec<Send<'a>> {
+        self.peers()
+            .map(|peer| Send {
+                peer,
+                data: bytes(data),
+            })
+            .collect()
+    }
+
+    /// One message from every peer, each into its own slot (`slots[peer]`; this rank's slot is
+    /// left alone).
+    fn recv_from_every_peer<'a>(&self, slots: &'a mut [&mut [f32]]) -> Vec<Recv<'a>> {
+        slots
+            .iter_mut()
+            .enumerate()
+            .filter(|(p, _)| *p != self.rank)
+            .map(|(peer, slot)| Recv {
+                peer,
+                into: Into::Exact(bytes_mut(slot)),
+            })
+            .collect()
+    }
+
     pub(crate) fn all_reduce_impl(&self, buf: &mut [f32]) -> Result<(), CollectiveError> {
         if self.world == 1 {
             return self.run(Op::AllReduce, |_| Ok(()));
@@ -90,23 +114,10 @@ impl NetGroup {
         let mut all = vec![0f32; n * self.world];
         {
             let mut parts = pieces(&mut all, std::iter::repeat_n(n, self.world));
-            let sends = self
-                .peers()
-                .map(|peer| Send {
-                    peer,
-                    data: bytes(buf),
-                })
-                .collect();
-            let recvs = parts
-                .iter_mut()
-                .enumerate()
-                .filter(|(p, _)| *p != self.rank)
-                .map(|(peer, part)| Recv {
-                    peer,
-                    into: Into::Exact(bytes_mut(part)),
-                })
-                .collect();
-            c.exchange(sends, recvs)?;
+            c.exchange(
+                self.send_to_every_peer(buf),
+                self.recv_from_every_peer(&mut parts),
+            )?;
         }
         all[self.rank * n..(self.rank + 1) * n].copy_from_slice(buf);
         sum_in_rank_order(&all, buf);
@@ -132,38 +143,16 @@ impl NetGroup {
                     data: bytes(&buf[segment(n, w, peer)]),
                 })
                 .collect();
-            let recvs = mine_from
-                .iter_mut()
-                .enumerate()
-                .filter(|(p, _)| *p != r)
-                .map(|(peer, part)| Recv {
-                    peer,
-                    into: Into::Exact(bytes_mut(part)),
-                })
-                .collect();
-            c.exchange(sends, recvs)?;
+            c.exchange(sends, self.recv_from_every_peer(&mut mine_from))?;
         }
         parts[r * len..(r + 1) * len].copy_from_slice(&buf[mine.clone()]);
         sum_in_rank_order(&parts, &mut buf[mine]);
         let mut segs = pieces(buf, (0..w).map(|i| segment(n, w, i).len()));
         let own: &[f32] = std::mem::take(&mut segs[r]) as &[f32];
-        let sends = self
-            .peers()
-            .map(|peer| Send {
-                peer,
-                data: bytes(own),
-            })
-            .collect();
-        let recvs = segs
-            .iter_mut()
-            .enumerate()
-            .filter(|(p, _)| *p != r)
-            .map(|(peer, seg)| Recv {
-                peer,
-                into: Into::Exact(bytes_mut(seg)),
-            })
-            .collect();
-        c.exchange(sends, recvs)
+        c.exchange(
+            self.send_to_every_peer(own),
+            self.recv_from_every_peer(&mut segs),
+        )
     }
 
     /// Ring reduce-scatter (partial sums travel around the ring, added on arrival) then ring
@@ -226,23 +215,10 @@ impl NetGroup {
             }
             if n * 4 <= self.small_bytes {
                 let mut parts = pieces(out.as_mut_slice(), std::iter::repeat_n(n, w));
-                let sends = self
-                    .peers()
-                    .map(|peer| Send {
-                        peer,
-                        data: bytes(local),
-                    })
-                    .collect();
-                let recvs = parts
-                    .iter_mut()
-                    .enumerate()
-                    .filter(|(p, _)| *p != r)
-                    .map(|(peer, part)| Recv {
-                        peer,
-                        into: Into::Exact(bytes_mut(part)),
-                    })
-                    .collect();
-                return c.exchange(sends, recvs);
+                return c.exchange(
+                    self.send_to_every_peer(local),
+                    self.recv_from_every_peer(&mut parts),
+                );
             }
             // Segment `i` of `out` split in `w` parts is exactly rank `i`'s contribution.
             self.ring_gather(c, out, 0)

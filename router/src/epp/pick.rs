@@ -19,7 +19,6 @@
 use std::sync::Arc;
 
 use cleave_engine::chat::ChatTemplate;
-use cleave_engine::kv::block_hashes;
 use cleave_engine::tokenizer::Tokenizer;
 use cleave_kv_index::{Matches, WorkerId};
 
@@ -229,8 +228,7 @@ impl Picker {
         let matches = if tokens.is_empty() {
             Matches::default()
         } else {
-            let hashes = block_hashes(&tokens, BLOCK_SIZE, 0);
-            cluster.index.lock().expect("index").find_matches(&hashes)
+            cluster.matches(&tokens)
         };
         let preq = PlacementRequest {
             prompt_blocks,

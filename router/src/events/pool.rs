@@ -13,7 +13,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cleave_engine::kv::block_hashes;
 use cleave_kv_index::WorkerId;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
@@ -25,8 +24,8 @@ use super::subscribe::{self, Source};
 use crate::api::backend::{
     Backend, BackendError, BackendEvent, BackendRequest, BackendStream, FinishReason,
 };
-use crate::dispatch::{Cluster, BLOCK_SIZE};
-use crate::place::{Charge, PlaceError, PlacementRequest, Policy, Role};
+use crate::dispatch::Cluster;
+use crate::place::{Charge, PlaceError, Policy, Role};
 
 /// One engine pod: where it serves and where it publishes KV events.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -191,18 +190,7 @@ impl Pool {
         prompt: &[u32],
         max_tokens: usize,
     ) -> Result<(WorkerId, Charge), PlaceError> {
-        let hashes = block_hashes(prompt, BLOCK_SIZE, 0);
-        let matches = self
-            .cluster
-            .index
-            .lock()
-            .expect("index")
-            .find_matches(&hashes);
-        let req = PlacementRequest {
-            prompt_blocks: prompt.len().div_ceil(BLOCK_SIZE),
-            decode_blocks: max_tokens.div_ceil(BLOCK_SIZE),
-            matches,
-        };
+        let req = self.cluster.placement_request(prompt, max_tokens);
         let mut view = self.cluster.view.lock().expect("view");
         let mut placement = self.policy.place(&req, &view)?;
         // Engines prefill what they decode.
