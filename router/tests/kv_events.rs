@@ -84,13 +84,16 @@ fn empty_batch() -> Vec<u8> {
     ]))
 }
 
+/// Published batches kept for replay: `(seq, payload)`, oldest first.
+type ReplayBuffer = Arc<Mutex<VecDeque<(u64, Vec<u8>)>>>;
+
 /// A vLLM-style publisher: PUB frames `[topic, seq, payload]` and a ROUTER replay endpoint
 /// serving what `buffer` holds.
 struct Publisher {
     socket: PubSocket,
     events: String,
     replay: String,
-    buffer: Arc<Mutex<VecDeque<(u64, Vec<u8>)>>>,
+    buffer: ReplayBuffer,
 }
 
 impl Publisher {
@@ -99,7 +102,7 @@ impl Publisher {
         let events = socket.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
         let mut router = RouterSocket::new();
         let replay = router.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
-        let buffer: Arc<Mutex<VecDeque<(u64, Vec<u8>)>>> = Arc::default();
+        let buffer: ReplayBuffer = Arc::default();
         let buf = buffer.clone();
         tokio::spawn(async move {
             while let Ok(req) = router.recv().await {
