@@ -6,12 +6,13 @@ mod stop;
 mod worker;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
+use crate::constrain::{ConstraintState, Grammars};
 use crate::kv::memory::{KvCache, KvDtype, KvLayout};
 use crate::kv::{BlockId, KvEventRecord, PoolStats};
 use crate::model::Model;
@@ -158,6 +159,9 @@ pub enum EngineError {
     /// A token id is outside the vocabulary.
     #[error("token id {0} is outside the vocabulary")]
     BadToken(u32),
+    /// The request's output constraint (schema, regex, grammar) does not compile.
+    #[error("invalid constraint: {0}")]
+    BadConstraint(String),
     /// The engine thread has stopped.
     #[error("the engine has shut down")]
     Stopped,
@@ -217,6 +221,8 @@ pub(crate) enum Command {
     Submit {
         id: SeqId,
         req: GenerateRequest,
+        /// The compiled `req.params.constraint`, if any.
+        constraint: Option<Box<ConstraintState>>,
         events: UnboundedSender<SeqEvent>,
     },
     Cancel(SeqId),
@@ -261,6 +267,9 @@ pub struct Engine {
     limit: usize,
     vocab: usize,
     model: Arc<Model>,
+    tokenizer: Arc<Tokenizer>,
+    /// The constraint compiler, built on the first constrained request.
+    grammars: OnceLock<Result<Arc<Grammars>, String>>,
 }
 
 impl Engine {
@@ -307,7 +316,7 @@ impl Engine {
         });
         let worker = worker::Worker::new(
             model.clone(),
-            tokenizer,
+            tokenizer.clone(),
             config,
             cache,
             shared.clone(),
@@ -326,7 +335,25 @@ impl Engine {
             limit,
             vocab,
             model,
+            tokenizer,
+            grammars: OnceLock::new(),
         }
+    }
+
+    /// The constraint compiler for this engine's vocabulary (built once, on first use).
+    pub fn grammars(&self) -> Result<Arc<Grammars>, String> {
+        self.grammars
+            .get_or_init(|| {
+                if self.tokenizer.vocab_size() > self.vocab {
+                    return Err(format!(
+                        "the tokenizer has {} tokens but the model only {} logits",
+                        self.tokenizer.vocab_size(),
+                        self.vocab
+                    ));
+                }
+                Grammars::new(&self.tokenizer).map(Arc::new)
+            })
+            .clone()
     }
 
     /// Tokens routed to each expert so far, `[layer][expert]` (empty for dense models); see
@@ -362,10 +389,23 @@ impl Engine {
         if self.shared.stats.lock().expect("stats lock").failed {
             return Err(EngineError::GroupFailed);
         }
+        let constraint = match &req.params.constraint {
+            None => None,
+            Some(c) => Some(Box::new(
+                self.grammars()
+                    .and_then(|g| g.compile(c))
+                    .map_err(EngineError::BadConstraint)?,
+            )),
+        };
         let id = SeqId(self.next_id.fetch_add(1, Ordering::Relaxed));
         let (events, rx) = unbounded_channel();
         self.tx
-            .send(Command::Submit { id, req, events })
+            .send(Command::Submit {
+                id,
+                req,
+                constraint,
+                events,
+            })
             .map_err(|_| EngineError::Stopped)?;
         Ok((id, rx))
     }
