@@ -353,4 +353,29 @@ mod tests {
         };
         assert!(bad.validate().unwrap_err().contains("temperature"));
     }
+
+    #[test]
+    fn a_mask_limits_greedy_and_random_picks_but_not_logprobs() {
+        let logits = [5.0, 1.0, 3.0, 2.0];
+        let mut m = SimpleVob::alloc(4);
+        m.allow_token(2);
+        m.allow_token(3);
+        let p = SamplingParams {
+            logprobs: Some(1),
+            ..Default::default()
+        };
+        let (t, lp) = Sampler::new(0).sample_masked(&logits, &p, Some(&m));
+        assert_eq!(t, 2);
+        // The model's own distribution: token 0 is still the most likely.
+        assert_eq!(lp.unwrap().top[0].0, 0);
+        let hot = SamplingParams {
+            temperature: 2.0,
+            ..Default::default()
+        };
+        let mut s = Sampler::new(9);
+        for _ in 0..200 {
+            let (t, _) = s.sample_masked(&logits, &hot, Some(&m));
+            assert!(t == 2 || t == 3, "{t}");
+        }
+    }
 }

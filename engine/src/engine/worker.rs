@@ -399,7 +399,10 @@ impl Worker {
             let logits = &self.ws.logits[row * vocab..(row + 1) * vocab];
             row += 1;
             let s = &mut self.sched.running[p.index];
-            let out = self.outputs.get_mut(&s.id).expect("every sequence has an output");
+            let out = self
+                .outputs
+                .get_mut(&s.id)
+                .expect("every sequence has an output");
             let mask = match out.constraint.as_deref_mut().map(|c| c.take_mask()) {
                 None => None,
                 Some(Ok(m)) => Some(m),
