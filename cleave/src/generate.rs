@@ -137,10 +137,7 @@ fn run_one(
 pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let loaded = crate::load::load(&args.model)?;
     let prompt = if args.chat {
-        let msg = ChatMessage {
-            role: "user".into(),
-            content: args.prompt.clone(),
-        };
+        let msg = ChatMessage::new("user", args.prompt.clone());
         chat_prompt(&loaded, &[msg])?
     } else {
         loaded.encode_text(&args.prompt)
@@ -167,10 +164,7 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
     let engine = start(&loaded);
     let mut messages = Vec::new();
     if let Some(s) = &args.system {
-        messages.push(ChatMessage {
-            role: "system".into(),
-            content: s.clone(),
-        });
+        messages.push(ChatMessage::new("system", s.clone()));
     }
     let stdin = std::io::stdin();
     let stdout = std::io::stdout();
@@ -180,17 +174,11 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
         if stdin.lock().read_line(&mut line)? == 0 || line.trim().is_empty() {
             return Ok(());
         }
-        messages.push(ChatMessage {
-            role: "user".into(),
-            content: line.trim_end().to_string(),
-        });
+        messages.push(ChatMessage::new("user", line.trim_end().to_string()));
         let prompt = chat_prompt(&loaded, &messages)?;
         let mut lock = stdout.lock();
         let (_, text, _) = run_one(&engine, prompt, args.sampling.params(), Some(&mut lock))?;
         writeln!(lock)?;
-        messages.push(ChatMessage {
-            role: "assistant".into(),
-            content: text,
-        });
+        messages.push(ChatMessage::new("assistant", text));
     }
 }

@@ -6,7 +6,7 @@
 //! disaggregated request is constrained on the prefill worker (the first token) and on the
 //! decode worker (the rest, after its matcher has consumed the first token).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{SimpleVob, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
@@ -68,8 +68,14 @@ fn with_layout(schema: &serde_json::Value) -> Result<serde_json::Value, String> 
     }
 }
 
+/// `schema` as a Lark `%json` rule body with cleave's JSON layout, for grammars that embed JSON
+/// (e.g. tool-call arguments).
+pub fn lark_json(schema: &serde_json::Value) -> Result<String, String> {
+    Ok(format!("%json {}", with_layout(schema)?))
+}
+
 /// `s` as a Lark string literal.
-fn lark_literal(s: &str) -> String {
+pub fn lark_literal(s: &str) -> String {
     serde_json::Value::String(s.to_owned()).to_string()
 }
 
@@ -186,6 +192,46 @@ impl Grammars {
             matcher,
             mask: None,
         })
+    }
+}
+
+/// A [`Grammars`] built on first use (building one takes tens of milliseconds), shared by every
+/// request of an engine or a router.
+pub struct LazyGrammars {
+    tokenizer: Arc<Tokenizer>,
+    /// The model's logits per position, when known: a vocabulary larger than that cannot be
+    /// masked.
+    logits: Option<usize>,
+    cell: OnceLock<Result<Arc<Grammars>, String>>,
+}
+
+impl LazyGrammars {
+    /// Grammars for `tokenizer`'s vocabulary (checked against `logits`, the model's vocabulary
+    /// size, when given).
+    pub fn new(tokenizer: Arc<Tokenizer>, logits: Option<usize>) -> Self {
+        LazyGrammars {
+            tokenizer,
+            logits,
+            cell: OnceLock::new(),
+        }
+    }
+
+    /// The compiler, or why there is none for this vocabulary.
+    pub fn get(&self) -> Result<Arc<Grammars>, String> {
+        self.cell
+            .get_or_init(|| match self.logits {
+                Some(n) if self.tokenizer.vocab_size() > n => Err(format!(
+                    "the tokenizer has {} tokens but the model only {n} logits",
+                    self.tokenizer.vocab_size()
+                )),
+                _ => Grammars::new(&self.tokenizer).map(Arc::new),
+            })
+            .clone()
+    }
+
+    /// A fresh matcher for `c`, or why `c` does not compile.
+    pub fn compile(&self, c: &Constraint) -> Result<ConstraintState, String> {
+        self.get()?.compile(c)
     }
 }
 

@@ -6,13 +6,13 @@ mod stop;
 mod worker;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
-use crate::constrain::{ConstraintState, Grammars};
+use crate::constrain::{ConstraintState, LazyGrammars};
 use crate::kv::memory::{KvCache, KvDtype, KvLayout};
 use crate::kv::{BlockId, KvEventRecord, PoolStats};
 use crate::model::Model;
@@ -267,9 +267,8 @@ pub struct Engine {
     limit: usize,
     vocab: usize,
     model: Arc<Model>,
-    tokenizer: Arc<Tokenizer>,
     /// The constraint compiler, built on the first constrained request.
-    grammars: OnceLock<Result<Arc<Grammars>, String>>,
+    grammars: LazyGrammars,
 }
 
 impl Engine {
@@ -335,25 +334,8 @@ impl Engine {
             limit,
             vocab,
             model,
-            tokenizer,
-            grammars: OnceLock::new(),
+            grammars: LazyGrammars::new(tokenizer, Some(vocab)),
         }
-    }
-
-    /// The constraint compiler for this engine's vocabulary (built once, on first use).
-    pub fn grammars(&self) -> Result<Arc<Grammars>, String> {
-        self.grammars
-            .get_or_init(|| {
-                if self.tokenizer.vocab_size() > self.vocab {
-                    return Err(format!(
-                        "the tokenizer has {} tokens but the model only {} logits",
-                        self.tokenizer.vocab_size(),
-                        self.vocab
-                    ));
-                }
-                Grammars::new(&self.tokenizer).map(Arc::new)
-            })
-            .clone()
     }
 
     /// Tokens routed to each expert so far, `[layer][expert]` (empty for dense models); see
@@ -392,8 +374,8 @@ impl Engine {
         let constraint = match &req.params.constraint {
             None => None,
             Some(c) => Some(Box::new(
-                self.grammars()
-                    .and_then(|g| g.compile(c))
+                self.grammars
+                    .compile(c)
                     .map_err(EngineError::BadConstraint)?,
             )),
         };

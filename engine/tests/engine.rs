@@ -153,10 +153,7 @@ async fn stop_strings_eos_and_bad_requests() {
         out.text
     );
     // A chat prompt ends with <|im_end|> (an end-of-generation token) well before 200 tokens.
-    let msg = cleave_engine::chat::ChatMessage {
-        role: "user".into(),
-        content: "Say hello.".into(),
-    };
+    let msg = cleave_engine::chat::ChatMessage::new("user", "Say hello.");
     let text = l.template.as_ref().unwrap().render(&[msg], true).unwrap();
     let params = SamplingParams {
         max_tokens: 200,

@@ -118,6 +118,10 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
     );
     let state = Arc::new(ApiState {
         backend,
+        grammars: Arc::new(cleave_engine::constrain::LazyGrammars::new(
+            tokenizer.clone(),
+            None,
+        )),
         tokenizer,
         template,
         max_context,
