@@ -6,6 +6,7 @@ pub mod bench_collectives;
 pub mod bench_compare;
 pub mod bench_route;
 pub mod bench_serve;
+pub mod bench_structured;
 pub mod fetch;
 pub mod generate;
 pub mod http;
@@ -96,6 +97,9 @@ pub enum BenchCommand {
     /// All-reduce and all-to-all bandwidth of local rank processes per message size, next to
     /// memcpy, over each transport.
     Collectives(bench_collectives::CollectivesArgs),
+    /// What constrained decoding costs: decode ITL and tok/s at 1 and 16 concurrent requests,
+    /// free vs each request with its own JSON schema, and schema compile time.
+    Structured(bench_structured::StructuredArgs),
     /// One rank of `bench collectives` (started by it).
     #[command(hide = true)]
     CollectivesRank(bench_collectives::RankArgs),
@@ -155,6 +159,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Score(args) => score::score(args),
         Command::Bench { command } => match command {
             BenchCommand::Engine(args) => bench::bench_engine(args),
+            BenchCommand::Structured(args) => bench_structured::bench_structured(args),
             BenchCommand::KvTransfer(args) => bench::bench_kv_transfer(args),
             BenchCommand::Route(args) => bench_route::bench_route(args),
             BenchCommand::Serve(args) => bench_serve::bench_serve(*args),
