@@ -394,10 +394,8 @@ impl Worker {
     fn sample(&mut self, plan: &[Planned]) -> Vec<(usize, FinishReason, String)> {
         let vocab = self.model.config.vocab;
         let mut finished = Vec::new();
-        let mut row = 0;
-        for p in plan.iter().filter(|p| p.sample) {
+        for (row, p) in plan.iter().filter(|p| p.sample).enumerate() {
             let logits = &self.ws.logits[row * vocab..(row + 1) * vocab];
-            row += 1;
             let s = &mut self.sched.running[p.index];
             let out = self
                 .outputs
