@@ -279,3 +279,24 @@ def test_bad_schemas_and_tools_are_400s(client, model_name):
             model=model_name, prompt="x", max_tokens=5, extra_body={"structured_outputs": {"grammar": "start: missing"}}
         )
     assert e.value.body["param"] == "structured_outputs.grammar"
+
+
+def test_n_seed_stop_logprobs_and_usage_keep_working_under_a_schema(client, model_name):
+    schema = SCHEMAS[0]
+    kw = dict(
+        model=model_name, messages=[{"role": "user", "content": "A person as JSON."}], max_tokens=120,
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}},
+    )
+    r = client.chat.completions.create(n=2, temperature=0.9, seed=7, logprobs=True, top_logprobs=2, **kw)
+    again = client.chat.completions.create(n=2, temperature=0.9, seed=7, logprobs=True, top_logprobs=2, **kw)
+    assert [c.message.content for c in r.choices] == [c.message.content for c in again.choices]
+    for c in r.choices:
+        if c.finish_reason == "stop":
+            jsonschema.validate(json.loads(c.message.content), schema)
+        assert len(c.logprobs.content) > 0 and all(len(t.top_logprobs) == 2 for t in c.logprobs.content)
+    assert r.usage.completion_tokens == sum(len(c.logprobs.content) for c in r.choices)
+    # A stop string cuts the constrained output where it appears.
+    r = client.chat.completions.create(temperature=0, stop=[", "], **kw)
+    assert r.choices[0].finish_reason == "stop"
+    assert ", " not in r.choices[0].message.content
+    assert r.choices[0].message.content.startswith('{"name": ')
