@@ -4,7 +4,7 @@
 //! Hugging Face `transformers` configures it: `trim_blocks` and `lstrip_blocks` on, loop
 //! controls, a `raise_exception` function, an optional `strftime_now` function, and Python
 //! methods on strings and dicts (`.strip()`, `.startswith()`, `.items()`, ...). This module runs
-//! such templates with minijinja, set up to match ([`pycompat`] supplies the Python methods).
+//! such templates with minijinja, set up to match (`pycompat` supplies the Python methods).
 
 mod pycompat;
 

@@ -150,8 +150,10 @@ const TOOL_TEMPLATE: &str = "{% if tools %}<|system|>tools:{% for t in tools %}\
 fn tool_aware_templates_get_the_tools_calls_and_results() {
     let t = ChatTemplate::new(TOOL_TEMPLATE, "", "").unwrap();
     assert!(t.supports_tools());
-    let tools = [serde_json::json!({"type": "function", "function": {"name": "f",
-        "parameters": {"type": "object"}}})];
+    let tools = [
+        serde_json::json!({"type": "function", "function": {"name": "f",
+        "parameters": {"type": "object"}}}),
+    ];
     let mut call = ChatMessage::new("assistant", "");
     call.tool_calls = Some(vec![serde_json::json!({"id": "call_1", "type": "function",
         "function": {"name": "f", "arguments": {"x": 1}}})]);
@@ -165,7 +167,10 @@ fn tool_aware_templates_get_the_tools_calls_and_results() {
          <|assistant|>[call call_1 f {\"x\": 1}]<|tool|>42(answers call_1)"
     );
     // Without tools the template's tools block is skipped (`tools` is none).
-    assert!(t.render(&msgs[..1], false).unwrap().starts_with("<|user|>hi"));
+    assert!(t
+        .render(&msgs[..1], false)
+        .unwrap()
+        .starts_with("<|user|>hi"));
     // SmolLM2's template has no tool support.
     if let Some(real) = real_template() {
         assert!(!real.supports_tools());

@@ -145,7 +145,10 @@ impl Weights {
         let w = shard.world;
         let sparse = |i: usize| cfg.moe.as_ref().is_some_and(|m| m.sparse_layers[i]);
         let any_dense = (0..cfg.n_layers).any(|i| !sparse(i));
-        if cfg.n_kv_heads % w != 0 || (any_dense && cfg.ffn % w != 0) || cfg.vocab % w != 0 {
+        if !cfg.n_kv_heads.is_multiple_of(w)
+            || (any_dense && !cfg.ffn.is_multiple_of(w))
+            || !cfg.vocab.is_multiple_of(w)
+        {
             return Err(ModelError::BadConfig(format!(
                 "tensor-parallel size {w} must divide kv heads ({}), ffn ({}) and vocab ({})",
                 cfg.n_kv_heads, cfg.ffn, cfg.vocab

@@ -63,12 +63,14 @@ fn response_format(v: &Value) -> Result<Option<Requested>, ApiError> {
                 schema: schema_value(schema, "response_format.json_schema.schema")?,
             }
         }
-        other => return Err(ApiError::invalid(
-            "response_format.type",
-            format!(
+        other => {
+            return Err(ApiError::invalid(
+                "response_format.type",
+                format!(
                 "`response_format.type` must be text, json_object or json_schema, got `{other}`"
             ),
-        )),
+            ))
+        }
     };
     let field = if kind == "json_schema" {
         "response_format.json_schema.schema"

@@ -116,19 +116,19 @@ pub fn parse(
     let choice = match choice {
         None if out.is_empty() => return Ok(None),
         None => ToolChoice::Auto,
-        Some(Value::String(s)) => {
-            match s.as_str() {
-                "none" => return Ok(None),
-                "auto" => ToolChoice::Auto,
-                "required" => ToolChoice::Required,
-                other => return Err(ApiError::invalid(
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => return Ok(None),
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(ApiError::invalid(
                     "tool_choice",
                     format!(
                         "`tool_choice` must be none, auto, required or a function, got `{other}`"
                     ),
-                )),
+                ))
             }
-        }
+        },
         Some(v) => {
             let name = v
                 .get("function")

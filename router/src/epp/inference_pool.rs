@@ -9,7 +9,7 @@
 //! a cleave prefill worker cannot take an HTTP request and is skipped; any other pod is a
 //! vLLM/SGLang-style server whose metrics are scraped at `http://podIP:port<metrics_path>`.
 //!
-//! [`start`] reads the pool and lists its pods (an error if the pool is missing), then follows
+//! [`KubePool::start`] reads the pool and lists its pods (an error if the pool is missing), then follows
 //! a pod watch and, every `relist`, reads the pool again and lists everything (a watch can miss
 //! a deletion); a changed selector or port list restarts the watch.
 

@@ -1,5 +1,5 @@
 //! The `envoy.service.ext_proc.v3.ExternalProcessor` service: one bidirectional stream per HTTP
-//! request, handled by an [`Exchange`].
+//! request, handled by an `Exchange`.
 //!
 //! In FULL_DUPLEX_STREAMED request body mode (what the endpoint picker protocol asks gateways
 //! to configure, and what is assumed when Envoy sends no `protocol_config`), Envoy sends the
