@@ -290,7 +290,7 @@ fn corrupt_counts_do_not_allocate() {
     b.tensor("far", &[4], 0, u64::MAX - 2);
     b.tensor("wide", &[u64::MAX, u64::MAX], 0, 0);
     b.tensor("odd", &[33], 8, 0);
-    b.tensor("q6", &[256], 14, 0);
+    b.tensor("iq2", &[256], 16, 0);
     b.finish_header();
     let g = GgufFile::from_bytes(b.bytes).unwrap();
     assert!(matches!(
@@ -301,12 +301,20 @@ fn corrupt_counts_do_not_allocate() {
         g.tensor_data("wide"),
         Err(GgufError::TensorOutOfBounds(_))
     ));
-    assert!(matches!(
-        g.tensor_data("odd"),
-        Err(GgufError::TensorOutOfBounds(_))
-    ));
-    match g.tensor_data("q6") {
-        Err(GgufError::UnsupportedTensorType { ty, .. }) => assert_eq!(ty.to_string(), "q6_K"),
+    match g.tensor_data("odd") {
+        Err(e @ GgufError::BadShape { .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains("\"odd\"") && msg.contains("q8_0"), "{msg}");
+        }
+        other => panic!("expected BadShape, got {other:?}"),
+    }
+    match g.tensor_data("iq2") {
+        Err(GgufError::UnsupportedTensorType { tensor, ty }) => {
+            assert_eq!(
+                (tensor.as_str(), ty.to_string()),
+                ("iq2", "iq2_xxs".to_string())
+            )
+        }
         other => panic!("expected UnsupportedTensorType, got {other:?}"),
     }
 }
