@@ -331,9 +331,12 @@ impl fmt::Display for GgmlType {
             "bf16",
         ];
         let id = self.id();
-        match NAMES.get(id as usize) {
-            Some(name) => f.write_str(name),
-            None => write!(f, "type {id}"),
+        match (NAMES.get(id as usize), id) {
+            (Some(name), _) => f.write_str(name),
+            (None, 34) => f.write_str("tq1_0"),
+            (None, 35) => f.write_str("tq2_0"),
+            (None, 39) => f.write_str("mxfp4"),
+            (None, _) => write!(f, "type {id}"),
         }
     }
 }
