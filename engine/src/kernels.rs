@@ -1,12 +1,16 @@
 //! Matrix × activations products for the GGUF weight formats the model uses (F32, Q4_0, Q4_1,
-//! Q8_0): every linear layer of the forward pass goes through [`QMatrix::matmul`].
+//! Q5_0, Q5_1, Q8_0, and the K-quants Q4_K, Q5_K, Q6_K): every linear layer of the forward pass
+//! goes through [`QMatrix::matmul`].
 //!
 //! # Data layout
 //! [`QMatrix::from_raw`] takes ggml row-major bytes (rows of `cols / 32` blocks) and repacks each
-//! row so its scales are contiguous: `[d: nb × f16][m: nb × f16 (Q4_1 only)][quants]`, where the
-//! quants are the ggml `qs` bytes in block order (16 bytes per Q4 block, 32 per Q8_0 block). A
-//! row takes exactly as many bytes as in ggml, and each row is one sequential stream for the
-//! prefetcher. F32 matrices are kept as plain `f32` rows.
+//! row so its scales are contiguous: `[d: nb × f16][m: nb × f16 (Q4_1 / Q5_1)][qh: nb × u32
+//! (Q5_0 / Q5_1)][quants]`, where the quants are the ggml `qs` bytes in block order (16 bytes per
+//! Q4/Q5 block, 32 per Q8_0 block). A row takes exactly as many bytes as in ggml, and each row is
+//! one sequential stream for the prefetcher. K-quant rows keep ggml's super-block layout (see
+//! `kquant.rs`, which also defines their dot products). F32 matrices are kept as plain `f32`
+//! rows. Q5 dot products are the Q4 ones with the 5-bit quant in place of the nibble and
+//! `mw = −16·d` for Q5_0.
 //!
 //! [`Activations`] holds the f32 activations of a batch of tokens plus their Q8 quantization,
 //! per token and per block of 32 like llama.cpp's Q8_1: `d = f16(max|x| / 127)` (rounded to f16
