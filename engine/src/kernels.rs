@@ -1,5 +1,5 @@
 //! Matrix × activations products for the GGUF weight formats the model uses (F32, Q4_0, Q4_1,
-//! Q5_0, Q5_1, Q8_0, and the K-quants Q4_K, Q5_K, Q6_K): every linear layer of the forward pass
+//! Q5_0, Q5_1, Q8_0, IQ4_NL, and the K-quants Q4_K, Q5_K, Q6_K): every linear layer of the forward pass
 //! goes through [`QMatrix::matmul`].
 //!
 //! # Data layout
@@ -10,7 +10,7 @@
 //! one sequential stream for the prefetcher. K-quant rows keep ggml's super-block layout (see
 //! `kquant.rs`, which also defines their dot products). F32 matrices are kept as plain `f32`
 //! rows. Q5 dot products are the Q4 ones with the 5-bit quant in place of the nibble and
-//! `mw = −16·d` for Q5_0.
+//! `mw = −16·d` for Q5_0; IQ4_NL's are Q8_0's with `qw` the table value of the nibble.
 //!
 //! [`Activations`] holds the f32 activations of a batch of tokens plus their Q8 quantization,
 //! per token and per block of 32 like llama.cpp's Q8_1: `d = f16(max|x| / 127)` (rounded to f16
@@ -80,6 +80,8 @@ pub enum WeightType {
     Q5_0,
     Q5_1,
     Q8_0,
+    /// 4-bit indices into a fixed non-linear table of 16 `i8` values, blocks of 32.
+    IQ4_NL,
     Q4_K,
     Q5_K,
     Q6_K,
@@ -111,7 +113,7 @@ impl WeightType {
     fn block_bytes(self) -> usize {
         match self {
             WeightType::F32 => 4,
-            WeightType::Q4_0 => 18,
+            WeightType::Q4_0 | WeightType::IQ4_NL => 18,
             WeightType::Q4_1 => 20,
             WeightType::Q5_0 => 22,
             WeightType::Q5_1 => 24,
@@ -419,6 +421,12 @@ impl QMatrix {
                 WeightType::Q8_0 => {
                     for (o, &q) in o.iter_mut().zip(&row.qs[b * 32..(b + 1) * 32]) {
                         *o = d * (q as i8) as f32;
+                    }
+                }
+                WeightType::IQ4_NL => {
+                    for (i, o) in o.iter_mut().enumerate() {
+                        let q = scalar::nibble(&row.qs[b * 16..(b + 1) * 16], i);
+                        *o = d * scalar::IQ4NL_VALUES[q as usize] as f32;
                     }
                 }
                 WeightType::Q5_0 | WeightType::Q5_1 => {

@@ -1,6 +1,6 @@
 //! A GGUF mixing every weight type cleave loads (written by gguf-py: `data/mixed_quant.py`, a
-//! tiny random llama with Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, BF16, F16 and F32
-//! tensors) loads, its logits agree with a numpy forward pass over gguf-py's dequantization of
+//! tiny random llama with Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, BF16, F16 and
+//! F32 tensors) loads, its logits agree with a numpy forward pass over gguf-py's dequantization of
 //! the same tensors, and it generates the same tokens by prefill and by decode.
 
 mod tiny;
@@ -43,7 +43,8 @@ fn the_file_mixes_every_supported_type() {
     let g = GgufFile::open(&path()).unwrap();
     let types: BTreeSet<String> = g.tensors.iter().map(|t| t.ty.to_string()).collect();
     let want = [
-        "bf16", "f16", "f32", "q4_0", "q4_1", "q4_K", "q5_0", "q5_1", "q5_K", "q6_K", "q8_0",
+        "bf16", "f16", "f32", "iq4_nl", "q4_0", "q4_1", "q4_K", "q5_0", "q5_1", "q5_K", "q6_K",
+        "q8_0",
     ];
     assert_eq!(types, want.iter().map(|s| s.to_string()).collect());
 }
@@ -56,7 +57,8 @@ fn mixed_types_match_the_numpy_reference() {
     let got = all_logits(&model, &r.prompt);
     let (diff, scale) = max_diff(&got, &r.logits);
     // cleave quantizes activations to 8 bits per block of 32 (numpy keeps them in f64): the
-    // logits agree to about 1% of their range, not exactly.
+    // logits agree to about 1.5% of their range, not exactly (measured: 0.079 of 5.7; numpy
+    // itself, quantizing its activations the same way, moves by 0.098).
     assert!(
         diff <= 0.02 * scale,
         "max |Δlogit| {diff} (max |logit| {scale})"

@@ -29,7 +29,14 @@ impl Isa {
     pub(super) fn pairs(self, ty: WeightType) -> bool {
         #[cfg(target_arch = "x86_64")]
         if self == Isa::Vnni {
-            return matches!(ty, WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q8_0);
+            return matches!(
+                ty,
+                WeightType::Q4_0
+                    | WeightType::Q4_1
+                    | WeightType::Q5_0
+                    | WeightType::Q5_1
+                    | WeightType::Q8_0
+            );
         }
         let _ = ty;
         false

@@ -28,8 +28,13 @@ pub(super) fn hsum(v: &[f32; 8]) -> f32 {
     ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]))
 }
 
+/// IQ4_NL's table: nibble `q` stands for `d · IQ4NL_VALUES[q]` (ggml's `kvalues_iq4nl`).
+pub(super) const IQ4NL_VALUES: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
 /// Nibble `i` (0..32) of a Q4 block's 16 `qs` bytes.
-fn nibble(qs: &[u8], i: usize) -> u8 {
+pub(super) fn nibble(qs: &[u8], i: usize) -> u8 {
     if i < 16 {
         qs[i] & 15
     } else {
@@ -101,6 +106,24 @@ pub(super) fn dot_q8(row: PackedRow<'_>, xq: &[i8], xd: &[f32], nb: usize) -> f3
     hsum(&acc)
 }
 
+/// One (row, token) dot product of an IQ4_NL row with quantized activations: as Q8_0, with the
+/// table value of each nibble as the weight quant.
+pub(super) fn dot_iq4nl(row: PackedRow<'_>, xq: &[i8], xd: &[f32], nb: usize) -> f32 {
+    let mut acc = [0f32; 8];
+    for b in 0..nb {
+        let scale = f16_at(row.d, b) * xd[b];
+        let qs = &row.qs[b * 16..(b + 1) * 16];
+        let xb = &xq[b * QK..(b + 1) * QK];
+        for (k, a) in acc.iter_mut().enumerate() {
+            let l: i32 = (4 * k..4 * k + 4)
+                .map(|i| IQ4NL_VALUES[nibble(qs, i) as usize] as i32 * xb[i] as i32)
+                .sum();
+            *a = (l as f32).mul_add(scale, *a);
+        }
+    }
+    hsum(&acc)
+}
+
 /// One (row, token) dot product of f32 rows.
 pub(super) fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
@@ -124,6 +147,7 @@ pub(super) fn block(
             let v = match m.ty {
                 WeightType::F32 => dot_f32(m.f32_row(r), x.x_row(t)),
                 WeightType::Q8_0 => dot_q8(m.packed_row(r), x.q_row(t), x.d_row(t), m.nb),
+                WeightType::IQ4_NL => dot_iq4nl(m.packed_row(r), x.q_row(t), x.d_row(t), m.nb),
                 WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q5_0 | WeightType::Q5_1 => {
                     dot_q4(m.packed_row(r), x.q_row(t), x.d_row(t), x.s_row(t), m.nb)
                 }

@@ -86,6 +86,14 @@ fn ggml_dequant(ty: WeightType, rows: usize, cols: usize, raw: &[u8]) -> Vec<f32
                 out.extend(qs.iter().map(|&q| d * (q & 15) as f32 + m));
                 out.extend(qs.iter().map(|&q| d * (q >> 4) as f32 + m));
             }
+            WeightType::IQ4_NL => {
+                const K: [i8; 16] = [
+                    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+                ];
+                let qs = &blk[2..];
+                out.extend(qs.iter().map(|&q| d * K[(q & 15) as usize] as f32));
+                out.extend(qs.iter().map(|&q| d * K[(q >> 4) as usize] as f32));
+            }
             WeightType::Q5_0 | WeightType::Q5_1 => {
                 let (m, rest) = match ty {
                     WeightType::Q5_1 => (Some(h(&blk[2..])), &blk[4..]),
@@ -158,13 +166,14 @@ fn reference(m: &QMatrix, a: &Activations) -> (Vec<f64>, Vec<f64>) {
 }
 
 /// The formats with 32-element blocks (K-quants: `tests/kquant.rs`).
-const TYPES: [WeightType; 6] = [
+const TYPES: [WeightType; 7] = [
     WeightType::F32,
     WeightType::Q4_0,
     WeightType::Q4_1,
     WeightType::Q5_0,
     WeightType::Q5_1,
     WeightType::Q8_0,
+    WeightType::IQ4_NL,
 ];
 
 fn check_against_reference(ty: WeightType, rows: usize, cols: usize, n: usize, seed: u64) {

@@ -140,6 +140,15 @@ fn expand_qh(qh: &[u8], b: usize) -> __m256i {
     _mm256_and_si256(set, _mm256_set1_epi8(0x10))
 }
 
+/// IQ4_NL's 16 table values in both 128-bit lanes, for `pshufb` lookups.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn iq4nl_table() -> __m256i {
+    let t = super::scalar::IQ4NL_VALUES;
+    // SAFETY: `t` is 16 readable bytes; unaligned load.
+    _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(t.as_ptr().cast()) })
+}
+
 /// How far ahead of the weights being multiplied the tiles prefetch, in bytes. Decode streams
 /// every weight from memory once per step, and the hardware prefetchers alone keep too few
 /// misses in flight (this took batch-1 Q4_1 from ~27 to ~80 GF/s on a Zen 4 core; 4–8 KiB are
@@ -188,8 +197,8 @@ macro_rules! backend {
 
             use super::super::{Activations, OutPtr, QMatrix, WeightType};
             use super::{
-                chunk_scales, expand_qh, finish, kquant, load_f16x8, packed_rows, unpack_q4,
-                Prefetch, Tokens,
+                chunk_scales, expand_qh, finish, iq4nl_table, kquant, load_f16x8, packed_rows,
+                unpack_q4, Prefetch, Tokens,
             };
             use super::{$dot, $q8dot, $q8prep};
 
@@ -291,6 +300,49 @@ macro_rules! backend {
                 finish(&acc, m.rows, r0, tok.t0, out);
             }
 
+            /// IQ4_NL tile of rows `r0..r0 + R` × the tokens of `tok`: Q8_0's, with each
+            /// block's weights looked up from the nibbles (`pshufb` on the 16-entry table).
+            #[target_feature(enable = $feat)]
+            fn tile_iq4nl<const R: usize, const T: usize>(
+                m: &QMatrix,
+                r0: usize,
+                tok: &Tokens<'_, T>,
+                out: OutPtr,
+            ) {
+                let (rows, qs) = packed_rows::<R>(m, r0);
+                let nb = m.nb;
+                let pf = Prefetch::new::<R>(m, r0, rows[0].d.as_ptr());
+                let table = iq4nl_table();
+                let mut acc = [[_mm256_setzero_ps(); T]; R];
+                let mut b0 = 0;
+                while b0 < nb {
+                    let mut sc = chunk_scales(&rows, tok, b0, nb);
+                    // See `tile_q4`.
+                    std::hint::black_box(&mut sc);
+                    for j in 0..(nb - b0).min(8) {
+                        let b = b0 + j;
+                        pf.block(b);
+                        let mut w = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
+                        for r in 0..R {
+                            // SAFETY: `b < nb` and each row's qs holds `16 · nb` bytes
+                            // (checked in `packed_rows`).
+                            let q = unsafe { unpack_q4(qs[r].add(16 * b)) };
+                            w[r] = $q8prep(_mm256_shuffle_epi8(table, q));
+                        }
+                        for t in 0..T {
+                            let xv = tok.xq32(t, b);
+                            for r in 0..R {
+                                let l = _mm256_cvtepi32_ps($q8dot(w[r], xv));
+                                let s = _mm256_broadcast_ss(&sc[r][t][j]);
+                                acc[r][t] = _mm256_fmadd_ps(l, s, acc[r][t]);
+                            }
+                        }
+                    }
+                    b0 += 8;
+                }
+                finish(&acc, m.rows, r0, tok.t0, out);
+            }
+
             /// F32 tile of rows `r0..r0 + R` × the tokens of `tok`.
             #[target_feature(enable = $feat)]
             fn tile_f32<const R: usize, const T: usize>(
@@ -348,6 +400,7 @@ macro_rules! backend {
                     match m.ty {
                         WeightType::F32 => tile_f32::<R, T>(m, r, tok, out),
                         WeightType::Q8_0 => tile_q8::<R, T>(m, r, tok, out),
+                        WeightType::IQ4_NL => tile_iq4nl::<R, T>(m, r, tok, out),
                         WeightType::Q4_0
                         | WeightType::Q4_1
                         | WeightType::Q5_0
@@ -362,6 +415,7 @@ macro_rules! backend {
                     match m.ty {
                         WeightType::F32 => tile_f32::<1, T>(m, r, tok, out),
                         WeightType::Q8_0 => tile_q8::<1, T>(m, r, tok, out),
+                        WeightType::IQ4_NL => tile_iq4nl::<1, T>(m, r, tok, out),
                         WeightType::Q4_0
                         | WeightType::Q4_1
                         | WeightType::Q5_0

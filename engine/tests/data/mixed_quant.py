@@ -22,12 +22,14 @@ rng = np.random.default_rng(1201)
 
 
 def k_blocks(ty, rows, cols):
-    """Random K-quant super-blocks with f16 scales chosen so |w| stays below ~0.15."""
+    """Random K-quant (or IQ4_NL) blocks with f16 scales chosen so |w| stays below ~0.15."""
     block, size = GGML_QUANT_SIZES[ty]
     b = rng.integers(0, 256, size=(rows * cols // block, size), dtype=np.uint8)
     f16 = lambda lo, hi: rng.uniform(lo, hi, b.shape[0]).astype(np.float16).view(np.uint8).reshape(-1, 2)
     if ty == T.Q6_K:
         b[:, 208:210] = f16(3e-5, 8e-5)
+    elif ty == T.IQ4_NL:
+        b[:, 0:2] = f16(5e-4, 1e-3)
     elif ty == T.Q4_K:
         b[:, 0:2], b[:, 2:4] = f16(1e-4, 1.5e-4), f16(1e-3, 2e-3)
     else:  # Q5_K
@@ -38,7 +40,7 @@ def k_blocks(ty, rows, cols):
 def tensor(writer, weights, name, ty, rows, cols=None):
     """Adds a tensor of type `ty` and records the values gguf-py dequantizes it to."""
     shape = (rows, cols) if cols else (rows,)
-    if ty in (T.Q4_K, T.Q5_K, T.Q6_K):
+    if ty in (T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL):
         raw = k_blocks(ty, rows, cols)
     else:
         x = (rng.standard_normal(shape) * 0.05).astype(np.float32)
@@ -96,10 +98,10 @@ writer.add_layer_norm_rms_eps(EPS)
 writer.add_vocab_size(VOCAB)
 
 w = {}
-tensor(writer, w, "token_embd.weight", T.Q4_K, VOCAB, HIDDEN)
+tensor(writer, w, "token_embd.weight", T.Q4_0, VOCAB, HIDDEN)
 tensor(writer, w, "blk.0.attn_norm.weight", T.BF16, HIDDEN)
 tensor(writer, w, "blk.0.attn_q.weight", T.Q5_K, HEADS * HEAD_DIM, HIDDEN)
-tensor(writer, w, "blk.0.attn_k.weight", T.Q4_0, KV_HEADS * HEAD_DIM, HIDDEN)
+tensor(writer, w, "blk.0.attn_k.weight", T.IQ4_NL, KV_HEADS * HEAD_DIM, HIDDEN)
 tensor(writer, w, "blk.0.attn_v.weight", T.Q4_1, KV_HEADS * HEAD_DIM, HIDDEN)
 # 128 columns: not whole super-blocks, so Q5_0 as llama.cpp's quantizer falls back to.
 tensor(writer, w, "blk.0.attn_output.weight", T.Q5_0, HIDDEN, HEADS * HEAD_DIM)

@@ -32,6 +32,7 @@ TYPES = [
     (T.Q4_K, "q4_k", [(0, 1e-4, 2e-3, False), (2, 1e-4, 2e-3, False)]),
     (T.Q5_K, "q5_k", [(0, 1e-4, 2e-3, False), (2, 1e-4, 2e-3, False)]),
     (T.Q6_K, "q6_k", [(208, 1e-5, 5e-4, True)]),
+    (T.IQ4_NL, "iq4_nl", [(0, 1e-4, 0.01, True)]),
 ]
 
 for ty, name, fields in TYPES:

@@ -26,7 +26,7 @@ pub(super) fn random_superblock(ty: WeightType, rng: &mut Rng, v: &mut Vec<u8>) 
 
 /// The reference files written by `testdata/make_reference.py` with gguf-py: 1024 elements of
 /// random blocks, then gguf-py's dequantization of them as little-endian f32.
-fn reference_files() -> [(WeightType, &'static [u8]); 8] {
+fn reference_files() -> [(WeightType, &'static [u8]); 9] {
     [
         (WeightType::Q4_0, include_bytes!("../testdata/q4_0.bin")),
         (WeightType::Q4_1, include_bytes!("../testdata/q4_1.bin")),
@@ -36,6 +36,7 @@ fn reference_files() -> [(WeightType, &'static [u8]); 8] {
         (WeightType::Q4_K, include_bytes!("../testdata/q4_k.bin")),
         (WeightType::Q5_K, include_bytes!("../testdata/q5_k.bin")),
         (WeightType::Q6_K, include_bytes!("../testdata/q6_k.bin")),
+        (WeightType::IQ4_NL, include_bytes!("../testdata/iq4_nl.bin")),
     ]
 }
 
