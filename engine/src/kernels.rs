@@ -1,5 +1,5 @@
 //! Matrix × activations products for the GGUF weight formats the model uses (F32, Q4_0, Q4_1,
-//! Q5_0, Q5_1, Q8_0, IQ4_NL, and the K-quants Q4_K, Q5_K, Q6_K): every linear layer of the forward pass
+//! Q5_0, Q5_1, Q8_0, IQ4_NL, and the K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K): every linear layer of the forward pass
 //! goes through [`QMatrix::matmul`].
 //!
 //! # Data layout
@@ -82,6 +82,8 @@ pub enum WeightType {
     Q8_0,
     /// 4-bit indices into a fixed non-linear table of 16 `i8` values, blocks of 32.
     IQ4_NL,
+    Q2_K,
+    Q3_K,
     Q4_K,
     Q5_K,
     Q6_K,
@@ -97,7 +99,14 @@ impl WeightType {
     /// Whether the type is a K-quant: super-blocks of [`QK_K`] kept in ggml's own layout (see
     /// `kquant.rs`).
     pub fn is_k(self) -> bool {
-        matches!(self, WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K)
+        matches!(
+            self,
+            WeightType::Q2_K
+                | WeightType::Q3_K
+                | WeightType::Q4_K
+                | WeightType::Q5_K
+                | WeightType::Q6_K
+        )
     }
 
     /// Elements per block: 1 for F32, [`QK`] for the 32-element formats, [`QK_K`] for K-quants.
@@ -118,6 +127,8 @@ impl WeightType {
             WeightType::Q5_0 => 22,
             WeightType::Q5_1 => 24,
             WeightType::Q8_0 => 34,
+            WeightType::Q2_K => 84,
+            WeightType::Q3_K => 110,
             WeightType::Q4_K => 144,
             WeightType::Q5_K => 176,
             WeightType::Q6_K => 210,

@@ -148,14 +148,15 @@ fn load_error(bytes: Vec<u8>) -> String {
 
 #[test]
 fn unsupported_types_are_refused_naming_the_tensor_and_type() {
-    // IQ2_XXS (16), IQ3_S (21), ternary TQ1_0 (34) and TQ2_0 (35), Q2_K (10, no kernel yet),
-    // an unknown id (99).
+    // IQ2_XXS (16), IQ3_S (21), ternary TQ1_0 (34) and TQ2_0 (35), IQ4_XS (23) and MXFP4 (39)
+    // (no kernels yet), an unknown id (99).
     for (id, name) in [
         (16, "iq2_xxs"),
         (21, "iq3_s"),
         (34, "tq1_0"),
         (35, "tq2_0"),
-        (10, "q2_K"),
+        (23, "iq4_xs"),
+        (39, "mxfp4"),
         (99, "type 99"),
     ] {
         let msg = load_error(patched("blk.0.attn_q.weight", None, Some(id)));

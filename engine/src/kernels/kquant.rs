@@ -1,4 +1,4 @@
-//! K-quants (Q4_K, Q5_K, Q6_K): ggml's super-block layout, its dequantization, and the scalar
+//! K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K): ggml's super-block layout, its dequantization, and the scalar
 //! definition of their dot products with quantized activations (the SIMD tiles in
 //! `x86/kquant.rs` must match [`dot`] bit for bit).
 //!
@@ -13,6 +13,14 @@
 //! - Q6_K (210 bytes): `ql: [u8; 128], qh: [u8; 64], scales: [i8; 16], d: f16` — sixteen
 //!   sub-blocks of 16 with an `i8` scale; value `(d·sc)·(q − 32)` with `q` 6-bit.
 //!
+//! - Q2_K (84 bytes): `scales: [u8; 16], qs: [u8; 64], d: f16, dmin: f16` — sixteen
+//!   sub-blocks of 16, scale the low nibble and minimum the high nibble of `scales[i]`; element
+//!   `128n + 32s + l` is bits `2s..2s+2` of `qs[32n + l]`; value `(d·sc)·q − dmin·m`;
+//! - Q3_K (110 bytes): `hmask: [u8; 32], qs: [u8; 64], scales: [u8; 12], d: f16` — sixteen
+//!   6-bit scales (`scales[i] & 15` or `scales[i − 8] >> 4` as the low bits, 2-bit fields of
+//!   `scales[8..12]` as the high ones) minus 32; the low two bits of element `32j + l` as in
+//!   Q2_K, bit `j` of `hmask[l]` set meaning `+0` and clear `−4`; value `(d·sc)·q`, `q` in −4..=3.
+//!
 //! # Dot semantics
 //! Activations are the same per-32 Q8 blocks every other format uses (`Activations`: scale
 //! `dx_b`, quants `x`, `s_b = dx_b·Σx`), so one quantization of a layer's input serves all the
@@ -26,6 +34,12 @@
 //! - Q6_K: for each 32-element block `j` in order and each lane `k`:
 //!   `L = sc_{2j + k/4} · Σ_{i=4k}^{4k+3} (q_{32j+i} − 32)·x_{32j+i}` and
 //!   `acc[k] = fma(L as f32, d·dx_{b0+j}, acc[k])`.
+//!
+//! - Q2_K: for each 32-element block `j` and lane `k` (sub-block `i = 2j + k/4`):
+//!   `L = sc_i · Σ q·x`, `M = m_i · Σ x` over the lane's four elements, then
+//!   `acc[k] = fma(L as f32, d·dx_{b0+j}, acc[k])` and `acc[k] = fma(M as f32, −dmin·dx_{b0+j},
+//!   acc[k])`.
+//! - Q3_K: as Q6_K with Q3_K's signed scales and `q` in −4..=3.
 //!
 //! The result is `hsum(acc)` as for the other formats. Every `L` is below 2^24 in magnitude,
 //! so `L as f32` is exact, and the sub-block scales are applied in integers (for free in the
@@ -60,6 +74,36 @@ pub(super) const K5_QS: usize = 48;
 pub(super) const K6_QH: usize = 128;
 pub(super) const K6_SC: usize = 192;
 pub(super) const K6_D: usize = 208;
+
+/// Byte offsets in Q2_K and Q3_K super-blocks.
+pub(super) const K2_QS: usize = 16;
+pub(super) const K2_D: usize = 80;
+pub(super) const K3_QS: usize = 32;
+pub(super) const K3_SC: usize = 96;
+pub(super) const K3_D: usize = 108;
+
+/// The sixteen signed 6-bit scales of a Q3_K super-block's 12 scale bytes.
+pub(super) fn scales_k3(s: &[u8]) -> [i8; 16] {
+    let mut out = [0i8; 16];
+    for (k, o) in out.iter_mut().enumerate() {
+        let lo = if k < 8 { s[k] & 15 } else { s[k - 8] >> 4 };
+        let hi = (s[8 + k % 4] >> (2 * (k / 4))) & 3;
+        *o = (lo | (hi << 4)) as i8 - 32;
+    }
+    out
+}
+
+/// The low two bits of element `e` (0..256) of a Q2_K / Q3_K super-block's `qs`.
+fn bits2(qs: &[u8], e: usize) -> u8 {
+    let (n, s, l) = (e / 128, (e % 128) / 32, e % 32);
+    (qs[32 * n + l] >> (2 * s)) & 3
+}
+
+/// The signed quant of element `e` of a Q3_K super-block.
+fn quant_k3(blk: &[u8], e: usize) -> i8 {
+    let high = (blk[e % 32] >> (e / 32)) & 1;
+    (bits2(&blk[K3_QS..], e) | (high << 2)) as i8 - 4
+}
 
 /// The unsigned quant of element `e` (0..256) of a Q4_K / Q5_K super-block.
 fn quant_k45(ty: WeightType, blk: &[u8], e: usize) -> u8 {
@@ -99,6 +143,21 @@ pub(super) fn dequantize_row(ty: WeightType, row: &[u8], out: &mut [f32]) {
                     *o = (d * sc[j] as f32) * q - dmin * m[j] as f32;
                 }
             }
+            WeightType::Q2_K => {
+                let (d, dmin) = (f16_le(blk, K2_D), f16_le(blk, K2_D + 2));
+                for (e, o) in o.iter_mut().enumerate() {
+                    let sm = blk[e / 16];
+                    let q = bits2(&blk[K2_QS..], e) as f32;
+                    *o = (d * (sm & 15) as f32) * q - dmin * (sm >> 4) as f32;
+                }
+            }
+            WeightType::Q3_K => {
+                let d = f16_le(blk, K3_D);
+                let sc = scales_k3(&blk[K3_SC..K3_SC + 12]);
+                for (e, o) in o.iter_mut().enumerate() {
+                    *o = (d * sc[e / 16] as f32) * quant_k3(blk, e) as f32;
+                }
+            }
             WeightType::Q6_K => {
                 let d = f16_le(blk, K6_D);
                 for (e, o) in o.iter_mut().enumerate() {
@@ -133,6 +192,36 @@ pub(super) fn dot(ty: WeightType, row: &[u8], xq: &[i8], xd: &[f32], xs: &[f32])
                             .map(|e| quant_k45(ty, blk, e) as i32 * x[e] as i32)
                             .sum();
                         *a = ((sc[j] as i32 * l) as f32).mul_add(scale, *a);
+                    }
+                }
+            }
+            WeightType::Q2_K => {
+                let (d, dmin) = (f16_le(blk, K2_D), f16_le(blk, K2_D + 2));
+                for j in 0..8 {
+                    let (scale, mscale) = (d * xd[b0 + j], -dmin * xd[b0 + j]);
+                    for (k, a) in acc.iter_mut().enumerate() {
+                        let sm = blk[2 * j + k / 4] as i32;
+                        let lane = 32 * j + 4 * k..32 * j + 4 * k + 4;
+                        let l: i32 = lane
+                            .clone()
+                            .map(|e| bits2(&blk[K2_QS..], e) as i32 * x[e] as i32)
+                            .sum();
+                        let xs: i32 = lane.map(|e| x[e] as i32).sum();
+                        *a = (((sm & 15) * l) as f32).mul_add(scale, *a);
+                        *a = (((sm >> 4) * xs) as f32).mul_add(mscale, *a);
+                    }
+                }
+            }
+            WeightType::Q3_K => {
+                let d = f16_le(blk, K3_D);
+                let sc = scales_k3(&blk[K3_SC..K3_SC + 12]);
+                for j in 0..8 {
+                    let scale = d * xd[b0 + j];
+                    for (k, a) in acc.iter_mut().enumerate() {
+                        let l: i32 = (32 * j + 4 * k..32 * j + 4 * k + 4)
+                            .map(|e| quant_k3(blk, e) as i32 * x[e] as i32)
+                            .sum();
+                        *a = ((sc[2 * j + k / 4] as i32 * l) as f32).mul_add(scale, *a);
                     }
                 }
             }

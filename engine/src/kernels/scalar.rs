@@ -151,7 +151,11 @@ pub(super) fn block(
                 WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q5_0 | WeightType::Q5_1 => {
                     dot_q4(m.packed_row(r), x.q_row(t), x.d_row(t), x.s_row(t), m.nb)
                 }
-                WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K => {
+                WeightType::Q2_K
+                | WeightType::Q3_K
+                | WeightType::Q4_K
+                | WeightType::Q5_K
+                | WeightType::Q6_K => {
                     kquant::dot(m.ty, m.raw_row(r), x.q_row(t), x.d_row(t), x.s_row(t))
                 }
             };

@@ -110,7 +110,12 @@ fn ggml_dequant(ty: WeightType, rows: usize, cols: usize, raw: &[u8]) -> Vec<f32
                     });
                 }
             }
-            WeightType::F32 | WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K => {
+            WeightType::F32
+            | WeightType::Q2_K
+            | WeightType::Q3_K
+            | WeightType::Q4_K
+            | WeightType::Q5_K
+            | WeightType::Q6_K => {
                 unreachable!("checked against gguf-py in tests/kquant.rs")
             }
         }

@@ -405,9 +405,11 @@ macro_rules! backend {
                         | WeightType::Q4_1
                         | WeightType::Q5_0
                         | WeightType::Q5_1 => tile_q4::<R, T>(m, r, tok, out),
-                        WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K => {
-                            kquant::tile::<R, T>(m, r, tok, out)
-                        }
+                        WeightType::Q2_K
+                        | WeightType::Q3_K
+                        | WeightType::Q4_K
+                        | WeightType::Q5_K
+                        | WeightType::Q6_K => kquant::tile::<R, T>(m, r, tok, out),
                     }
                     r += R;
                 }
@@ -420,9 +422,11 @@ macro_rules! backend {
                         | WeightType::Q4_1
                         | WeightType::Q5_0
                         | WeightType::Q5_1 => tile_q4::<1, T>(m, r, tok, out),
-                        WeightType::Q4_K | WeightType::Q5_K | WeightType::Q6_K => {
-                            kquant::tile::<1, T>(m, r, tok, out)
-                        }
+                        WeightType::Q2_K
+                        | WeightType::Q3_K
+                        | WeightType::Q4_K
+                        | WeightType::Q5_K
+                        | WeightType::Q6_K => kquant::tile::<1, T>(m, r, tok, out),
                     }
                     r += 1;
                 }

@@ -99,7 +99,7 @@ pub(super) fn matrix(g: &GgufFile, name: &str) -> Result<QMatrix, ModelError> {
 }
 
 /// The kernel format of a quantized GGUF tensor; any type without kernels (IQ2/IQ3/IQ1
-/// families, IQ4_XS, ternary TQ1_0/TQ2_0, Q2_K, Q3_K, …) is an error naming the tensor.
+/// families, IQ4_XS, ternary TQ1_0/TQ2_0, MXFP4, …) is an error naming the tensor.
 pub(super) fn kernel_type(name: &str, ty: GgmlType) -> Result<WeightType, ModelError> {
     Ok(match ty {
         GgmlType::Q4_0 => WeightType::Q4_0,
@@ -108,6 +108,8 @@ pub(super) fn kernel_type(name: &str, ty: GgmlType) -> Result<WeightType, ModelE
         GgmlType::Q5_1 => WeightType::Q5_1,
         GgmlType::Q8_0 => WeightType::Q8_0,
         GgmlType::IQ4_NL => WeightType::IQ4_NL,
+        GgmlType::Q2_K => WeightType::Q2_K,
+        GgmlType::Q3_K => WeightType::Q3_K,
         GgmlType::Q4_K => WeightType::Q4_K,
         GgmlType::Q5_K => WeightType::Q5_K,
         GgmlType::Q6_K => WeightType::Q6_K,

@@ -33,6 +33,8 @@ TYPES = [
     (T.Q5_K, "q5_k", [(0, 1e-4, 2e-3, False), (2, 1e-4, 2e-3, False)]),
     (T.Q6_K, "q6_k", [(208, 1e-5, 5e-4, True)]),
     (T.IQ4_NL, "iq4_nl", [(0, 1e-4, 0.01, True)]),
+    (T.Q2_K, "q2_k", [(80, 1e-4, 2e-3, False), (82, 1e-4, 2e-3, False)]),
+    (T.Q3_K, "q3_k", [(108, 1e-5, 5e-4, True)]),
 ]
 
 for ty, name, fields in TYPES:

@@ -4,7 +4,13 @@
 
 use super::*;
 
-const K_TYPES: [WeightType; 3] = [WeightType::Q4_K, WeightType::Q5_K, WeightType::Q6_K];
+const K_TYPES: [WeightType; 5] = [
+    WeightType::Q2_K,
+    WeightType::Q3_K,
+    WeightType::Q4_K,
+    WeightType::Q5_K,
+    WeightType::Q6_K,
+];
 
 /// Appends one random super-block in ggml's layout: random quant and scale bytes, sane f16
 /// scales (weights of magnitude up to about 2).
@@ -20,13 +26,22 @@ pub(super) fn random_superblock(ty: WeightType, rng: &mut Rng, v: &mut Vec<u8>) 
             v.extend((0..128 + 64 + 16).map(|_| rng.byte()));
             v.extend_from_slice(&f16_bytes(1e-5 + 5e-4 * rng.f()));
         }
+        WeightType::Q2_K => {
+            v.extend((0..16 + 64).map(|_| rng.byte()));
+            v.extend_from_slice(&f16_bytes(1e-4 + 1e-3 * rng.f().abs()));
+            v.extend_from_slice(&f16_bytes(1e-4 + 1e-3 * rng.f().abs()));
+        }
+        WeightType::Q3_K => {
+            v.extend((0..32 + 64 + 12).map(|_| rng.byte()));
+            v.extend_from_slice(&f16_bytes(1e-5 + 1e-3 * rng.f()));
+        }
         other => unreachable!("{other:?} is not a K-quant"),
     }
 }
 
 /// The reference files written by `testdata/make_reference.py` with gguf-py: 1024 elements of
 /// random blocks, then gguf-py's dequantization of them as little-endian f32.
-fn reference_files() -> [(WeightType, &'static [u8]); 9] {
+fn reference_files() -> [(WeightType, &'static [u8]); 11] {
     [
         (WeightType::Q4_0, include_bytes!("../testdata/q4_0.bin")),
         (WeightType::Q4_1, include_bytes!("../testdata/q4_1.bin")),
@@ -37,6 +52,8 @@ fn reference_files() -> [(WeightType, &'static [u8]); 9] {
         (WeightType::Q5_K, include_bytes!("../testdata/q5_k.bin")),
         (WeightType::Q6_K, include_bytes!("../testdata/q6_k.bin")),
         (WeightType::IQ4_NL, include_bytes!("../testdata/iq4_nl.bin")),
+        (WeightType::Q2_K, include_bytes!("../testdata/q2_k.bin")),
+        (WeightType::Q3_K, include_bytes!("../testdata/q3_k.bin")),
     ]
 }
 
@@ -105,6 +122,8 @@ fn extreme_blocks_agree_across_backends() {
             let fields: &[usize] = match ty {
                 WeightType::Q4_K | WeightType::Q5_K => &[0, 2],
                 WeightType::Q6_K => &[208],
+                WeightType::Q2_K => &[80, 82],
+                WeightType::Q3_K => &[108],
                 _ => &[0],
             };
             let bb = ty.row_bytes(ty.block());

@@ -1,4 +1,4 @@
-//! AVX2 tiles for the K-quants (Q4_K, Q5_K, Q6_K), bit-identical to `kquant::dot`.
+//! AVX2 tiles for the K-quants (Q2_K … Q6_K), bit-identical to `kquant::dot`.
 //!
 //! Per super-block and row the scales are decoded once (scalar: 12 bytes of 6-bit fields, or 16
 //! `i8`s) and the products `d · dx` of all eight activation blocks are formed with one vector
@@ -14,7 +14,9 @@
 
 use std::arch::x86_64::*;
 
-use super::super::kquant::{scales_k4, K4_QS, K5_QH, K5_QS, K6_D, K6_QH, K6_SC};
+use super::super::kquant::{
+    scales_k3, scales_k4, K2_D, K2_QS, K3_D, K3_QS, K3_SC, K4_QS, K5_QH, K5_QS, K6_D, K6_QH, K6_SC,
+};
 use super::super::{OutPtr, QMatrix, WeightType, QK_K};
 use super::{finish, Prefetch, Tokens};
 
@@ -27,6 +29,8 @@ pub(super) fn tile<const R: usize, const T: usize>(
     out: OutPtr,
 ) {
     match m.ty {
+        WeightType::Q2_K => tile_k23::<R, T, false>(m, r0, tok, out),
+        WeightType::Q3_K => tile_k23::<R, T, true>(m, r0, tok, out),
         WeightType::Q4_K => tile_k45::<R, T, false>(m, r0, tok, out),
         WeightType::Q5_K => tile_k45::<R, T, true>(m, r0, tok, out),
         WeightType::Q6_K => tile_k6::<R, T>(m, r0, tok, out),
@@ -234,6 +238,121 @@ fn tile_k6<const R: usize, const T: usize>(
                         let l = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, scv[r][g]));
                         let f = _mm256_broadcast_ss(&dd[r][t][j]);
                         acc[r][t] = _mm256_fmadd_ps(l, f, acc[r][t]);
+                    }
+                }
+            }
+        }
+    }
+    finish(&acc, m.rows, r0, tok.t0, out);
+}
+
+/// The i16 scale vector of a 32-element block made of two 16-element sub-blocks: `a` for the
+/// first eight `maddubs` pairs, `b` for the last eight.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn pair_scales(a: i16, b: i16) -> __m256i {
+    _mm256_set_m128i(_mm_set1_epi16(b), _mm_set1_epi16(a))
+}
+
+/// Q2_K (`Q3 = false`) or Q3_K tile: 2-bit quants from `qs` (plus Q3_K's `hmask` bit), two
+/// 16-element sub-blocks per 32-element block.
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tile_k23<const R: usize, const T: usize, const Q3: bool>(
+    m: &QMatrix,
+    r0: usize,
+    tok: &Tokens<'_, T>,
+    out: OutPtr,
+) {
+    let rows = raw_rows::<R>(m, r0);
+    let bb = m.ty.block_bytes();
+    let qs_at = if Q3 { K3_QS } else { K2_QS };
+    let pf = Prefetch::new::<R>(m, r0, rows[0].as_ptr());
+    let (three, four) = (_mm256_set1_epi8(3), _mm256_set1_epi8(4));
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    // `d · dx` and (Q2_K) `−dmin · dx` per row, token and block.
+    let mut dd = [[[0f32; 8]; T]; R];
+    let mut dm = [[[0f32; 8]; T]; R];
+    for s in 0..m.cols / QK_K {
+        let b0 = 8 * s;
+        // Per row and sub-block: the scale (Q3_K: signed) and, for Q2_K, the minimum.
+        let mut sc = [[0i16; 16]; R];
+        let mut mn = [[0u8; 16]; R];
+        for r in 0..R {
+            let blk = &rows[r][s * bb..(s + 1) * bb];
+            if Q3 {
+                let k3 = scales_k3(&blk[K3_SC..K3_SC + 12]);
+                for (o, &v) in sc[r].iter_mut().zip(&k3) {
+                    *o = v.into();
+                }
+                block_scales::<T>(f16_le(blk, K3_D), tok, b0, &mut dd[r]);
+            } else {
+                for i in 0..16 {
+                    sc[r][i] = (blk[i] & 15).into();
+                    mn[r][i] = blk[i] >> 4;
+                }
+                block_scales::<T>(f16_le(blk, K2_D), tok, b0, &mut dd[r]);
+                block_scales::<T>(-f16_le(blk, K2_D + 2), tok, b0, &mut dm[r]);
+            }
+        }
+        // Keep the scales in memory so that they are broadcast by loads.
+        std::hint::black_box(&mut dd);
+        std::hint::black_box(&mut dm);
+        for n in 0..2 {
+            let mut qv = [_mm256_setzero_si256(); R];
+            let mut hm = [_mm256_setzero_si256(); R];
+            for r in 0..R {
+                let p = rows[r][s * bb..(s + 1) * bb].as_ptr();
+                // SAFETY: `qs_at + 64 <= bb` and `32 <= bb`: inside the super-block.
+                qv[r] = unsafe { load32(p.add(qs_at + 32 * n)) };
+                if Q3 {
+                    // SAFETY: as above.
+                    hm[r] = unsafe { load32(p) };
+                }
+            }
+            for g in 0..4 {
+                let j = 4 * n + g;
+                pf.block(b0 + j);
+                let mut w = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
+                let mut scv = [_mm256_setzero_si256(); R];
+                let mut mv = [_mm256_setzero_si256(); R];
+                for r in 0..R {
+                    let sh = _mm_cvtsi32_si128(2 * g as i32);
+                    let q = _mm256_and_si256(_mm256_srl_epi16(qv[r], sh), three);
+                    w[r] = if Q3 {
+                        let bit = _mm256_set1_epi8(1 << j);
+                        let h = _mm256_cmpeq_epi8(_mm256_and_si256(hm[r], bit), bit);
+                        let v =
+                            _mm256_sub_epi8(_mm256_or_si256(q, _mm256_and_si256(h, four)), four);
+                        (_mm256_abs_epi8(v), v)
+                    } else {
+                        (q, q)
+                    };
+                    scv[r] = pair_scales(sc[r][2 * j], sc[r][2 * j + 1]);
+                    if !Q3 {
+                        let (ma, mb) = (mn[r][2 * j] as i8, mn[r][2 * j + 1] as i8);
+                        mv[r] = _mm256_set_m128i(_mm_set1_epi8(mb), _mm_set1_epi8(ma));
+                    }
+                }
+                for t in 0..T {
+                    let x = tok.xq32(t, b0 + j);
+                    for r in 0..R {
+                        let p = if Q3 {
+                            _mm256_maddubs_epi16(w[r].0, _mm256_sign_epi8(x, w[r].1))
+                        } else {
+                            _mm256_maddubs_epi16(w[r].0, x)
+                        };
+                        let l = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, scv[r]));
+                        let f = _mm256_broadcast_ss(&dd[r][t][j]);
+                        acc[r][t] = _mm256_fmadd_ps(l, f, acc[r][t]);
+                        if !Q3 {
+                            let ms = _mm256_madd_epi16(
+                                _mm256_maddubs_epi16(mv[r], x),
+                                _mm256_set1_epi16(1),
+                            );
+                            let f = _mm256_broadcast_ss(&dm[r][t][j]);
+                            acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ms), f, acc[r][t]);
+                        }
                     }
                 }
             }
