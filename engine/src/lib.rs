@@ -14,6 +14,7 @@ pub mod chat;
 pub mod collective;
 pub mod engine;
 pub mod gguf;
+pub mod inspect;
 pub mod kernels;
 pub mod kv;
 pub mod load;

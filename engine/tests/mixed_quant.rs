@@ -186,3 +186,48 @@ fn a_tensor_whose_size_does_not_match_its_type_and_shape_is_an_error() {
         "{msg}"
     );
 }
+
+#[test]
+fn inspect_reports_types_and_why_a_file_cannot_run() {
+    use cleave_engine::inspect::inspect;
+    let g = GgufFile::open(&path()).unwrap();
+    let r = inspect(&g);
+    assert_eq!(r.architecture.as_deref(), Some("llama"));
+    assert_eq!(r.context_length, Some(128));
+    assert_eq!(r.types.len(), 12);
+    assert_eq!(r.types["q4_K"].tensors, 1);
+    assert_eq!(r.types["q4_K"].bytes, 256 * 256 / 256 * 144);
+    // The weights load, but there is no tokenizer to serve it with.
+    assert_eq!(r.problems.len(), 1, "{:?}", r.problems);
+    assert!(r.problems[0].starts_with("tokenizer:"), "{:?}", r.problems);
+    let text = r.to_string();
+    assert!(
+        text.contains("runnable:       no") && text.contains("q6_K"),
+        "{text}"
+    );
+
+    // An IQ2_XXS tensor: named with its type.
+    let g = GgufFile::from_bytes(patched("blk.0.attn_q.weight", None, Some(16))).unwrap();
+    let r = inspect(&g);
+    assert!(
+        r.problems
+            .iter()
+            .any(|p| p.contains("iq2_xxs") && p.contains("blk.0.attn_q.weight")),
+        "{:?}",
+        r.problems
+    );
+}
+
+#[test]
+fn inspect_says_the_default_model_runs() {
+    let g = GgufFile::open(&cleave_engine::gguf::default_model_path()).unwrap();
+    let r = cleave_engine::inspect::inspect(&g);
+    assert!(r.runnable(), "{r}");
+    assert_eq!(r.architecture.as_deref(), Some("llama"));
+    assert!(
+        r.types.contains_key("q4_1") && r.types.contains_key("q8_0"),
+        "{r}"
+    );
+    assert!(r.vocabulary.as_deref().unwrap().starts_with("gpt2"), "{r}");
+    assert!(r.to_string().ends_with("runnable:       yes"));
+}
