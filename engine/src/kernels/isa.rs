@@ -36,6 +36,9 @@ impl Isa {
                     | WeightType::Q5_0
                     | WeightType::Q5_1
                     | WeightType::Q8_0
+                    | WeightType::Q4_K
+                    | WeightType::Q5_K
+                    | WeightType::Q6_K
             );
         }
         let _ = ty;

@@ -40,7 +40,7 @@ pub(super) fn tile<const R: usize, const T: usize>(
 
 /// The rows `r0..r0 + R`, each checked to hold `cols / 256` super-blocks.
 #[inline(always)]
-fn raw_rows<const R: usize>(m: &QMatrix, r0: usize) -> [&[u8]; R] {
+pub(super) fn raw_rows<const R: usize>(m: &QMatrix, r0: usize) -> [&[u8]; R] {
     let mut rows = [&[][..]; R];
     for (r, row) in rows.iter_mut().enumerate() {
         *row = m.raw_row(r0 + r);
@@ -49,7 +49,7 @@ fn raw_rows<const R: usize>(m: &QMatrix, r0: usize) -> [&[u8]; R] {
     rows
 }
 
-fn f16_le(b: &[u8], at: usize) -> f32 {
+pub(super) fn f16_le(b: &[u8], at: usize) -> f32 {
     half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
 
@@ -59,7 +59,7 @@ fn f16_le(b: &[u8], at: usize) -> f32 {
 /// `p` must point to 32 readable bytes.
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn load32(p: *const u8) -> __m256i {
+pub(super) unsafe fn load32(p: *const u8) -> __m256i {
     // SAFETY: the caller guarantees 32 readable bytes; unaligned load.
     unsafe { _mm256_loadu_si256(p.cast()) }
 }

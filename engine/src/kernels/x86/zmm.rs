@@ -19,6 +19,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::super::{Activations, OutPtr, QMatrix, WeightType};
+mod kquant;
 mod reduce;
 
 use super::{expand_qh, finish, packed_rows, unpack_q4, Prefetch, QK};
@@ -311,21 +312,20 @@ fn tiles<const R: usize, const T: usize, const TP: usize>(
     out: OutPtr,
     rows: Range<usize>,
 ) {
-    let q8 = m.ty == WeightType::Q8_0;
     let mut r = rows.start;
     while r + R <= rows.end {
-        if q8 {
-            tile_q8::<R, T, TP>(m, r, x, out);
-        } else {
-            tile_q4::<R, T, TP>(m, r, x, out);
+        match m.ty {
+            WeightType::Q8_0 => tile_q8::<R, T, TP>(m, r, x, out),
+            t if t.is_k() => kquant::tile::<R, T, TP>(m, r, x, out),
+            _ => tile_q4::<R, T, TP>(m, r, x, out),
         }
         r += R;
     }
     while r < rows.end {
-        if q8 {
-            tile_q8::<1, T, TP>(m, r, x, out);
-        } else {
-            tile_q4::<1, T, TP>(m, r, x, out);
+        match m.ty {
+            WeightType::Q8_0 => tile_q8::<1, T, TP>(m, r, x, out),
+            t if t.is_k() => kquant::tile::<1, T, TP>(m, r, x, out),
+            _ => tile_q4::<1, T, TP>(m, r, x, out),
         }
         r += 1;
     }
