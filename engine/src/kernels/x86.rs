@@ -127,8 +127,8 @@ unsafe fn unpack_q4(p: *const u8) -> __m256i {
 #[target_feature(enable = "avx2")]
 #[inline]
 fn expand_qh(qh: &[u8], b: usize) -> __m256i {
-    let h = u32::from_le_bytes([qh[4 * b], qh[4 * b + 1], qh[4 * b + 2], qh[4 * b + 3]]);
-    let v = _mm256_set1_epi32(h as i32);
+    let h: [u8; 4] = qh[4 * b..4 * b + 4].try_into().expect("4 bytes");
+    let v = _mm256_set1_epi32(i32::from_le_bytes(h));
     // Byte i takes byte i / 8 of the mask (each 128-bit lane holds the whole mask).
     let spread = _mm256_setr_epi8(
         0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
