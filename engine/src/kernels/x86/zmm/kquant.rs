@@ -77,7 +77,11 @@ fn tile_k45<const R: usize, const T: usize, const TP: usize, const Q5: bool>(
             pf.block(b0 + j1);
             let mut lo = [_mm512_setzero_si512(); R];
             let mut hi = [_mm512_setzero_si512(); R];
+            let mut s0 = [_mm512_setzero_si512(); R];
+            let mut s1 = [_mm512_setzero_si512(); R];
             for r in 0..R {
+                s0[r] = _mm512_set1_epi16(sc[r][j0].into());
+                s1[r] = _mm512_set1_epi16(sc[r][j1].into());
                 let blk = &rows[r][s * bb..(s + 1) * bb];
                 // SAFETY: `qs_at + 32g + 32 <= bb`, inside the super-block.
                 let v = unsafe { load32(blk.as_ptr().add(qs_at + 32 * g)) };
@@ -98,12 +102,10 @@ fn tile_k45<const R: usize, const T: usize, const TP: usize, const Q5: bool>(
             for p in 0..TP {
                 let (x0, x1) = (x.xq(p, b0 + j0), x.xq(p, b0 + j1));
                 for r in 0..R {
-                    let s0 = _mm512_set1_epi16(sc[r][j0].into());
-                    let l0 = _mm512_madd_epi16(_mm512_maddubs_epi16(lo[r], x0), s0);
+                    let l0 = _mm512_madd_epi16(_mm512_maddubs_epi16(lo[r], x0), s0[r]);
                     let f0 = pair_scale(&dd[r][p], j0);
                     acc[r][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l0), f0, acc[r][p]);
-                    let s1 = _mm512_set1_epi16(sc[r][j1].into());
-                    let l1 = _mm512_madd_epi16(_mm512_maddubs_epi16(hi[r], x1), s1);
+                    let l1 = _mm512_madd_epi16(_mm512_maddubs_epi16(hi[r], x1), s1[r]);
                     let f1 = pair_scale(&dd[r][p], j1);
                     acc[r][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l1), f1, acc[r][p]);
                 }
