@@ -63,6 +63,12 @@ pub enum ModelCommand {
     },
     /// Print where the default model is (or would be) cached.
     Path,
+    /// Describe a GGUF file: architecture, tensor-type histogram, context length, vocabulary,
+    /// and whether cleave can run it (if not, every reason why).
+    Inspect {
+        /// The GGUF file.
+        file: PathBuf,
+    },
     /// Write a tiny random-weight model (Hugging Face layout, byte-level tokenizer) into DIR:
     /// for trying `cleave up --ep N` / `--tp N` without downloading an MoE model. Its output
     /// is meaningless text.
@@ -138,6 +144,12 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             }
             ModelCommand::Path => {
                 println!("{}", cleave_engine::gguf::default_model_path().display());
+                Ok(())
+            }
+            ModelCommand::Inspect { file } => {
+                let g = cleave_engine::gguf::GgufFile::open(&file)
+                    .with_context(|| format!("reading {}", file.display()))?;
+                println!("{}", cleave_engine::inspect::inspect(&g));
                 Ok(())
             }
             ModelCommand::Tiny { dir, kind, seed } => {

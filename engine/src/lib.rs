@@ -16,6 +16,7 @@ pub mod collective;
 pub mod constrain;
 pub mod engine;
 pub mod gguf;
+pub mod inspect;
 pub mod kernels;
 pub mod kv;
 pub mod load;
