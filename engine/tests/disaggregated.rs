@@ -260,3 +260,45 @@ async fn constrained_output_is_the_same_disaggregated() {
     let (got, _) = disaggregated(&p, &d, prompt, params).await;
     assert_eq!(got, want, "{:?} vs {text:?}", tok.decode(&got));
 }
+
+/// A first token the decode side's grammar refuses (a prefill worker that ignored the
+/// constraint) aborts that request alone; a request batched beside it is unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_token_outside_the_grammar_aborts_only_its_request() {
+    use cleave_engine::constrain::Constraint;
+    let tok = &common::loaded().tokenizer;
+    let d = engine(32);
+    let free_prompt = tok.encode("The capital of France is", false);
+    let (want, _) = tokens_of(
+        d.submit(GenerateRequest::new(free_prompt.clone(), greedy(16)))
+            .unwrap()
+            .1,
+    )
+    .await;
+    let params = SamplingParams {
+        max_tokens: 16,
+        constraint: Some(Constraint::Regex {
+            pattern: "[0-9]+".into(),
+        }),
+        ..Default::default()
+    };
+    let req = GenerateRequest {
+        prompt: tok.encode("Pick a number:", false),
+        params,
+        mode: PrefillMode::Import,
+    };
+    let (id, mut rx) = d.submit(req).unwrap();
+    assert!(matches!(rx.recv().await, Some(SeqEvent::KvNeeded { .. })));
+    let (_, free_rx) = d
+        .submit(GenerateRequest::new(free_prompt, greedy(16)))
+        .unwrap();
+    // "x" is no digit.
+    let bad = tok.encode("x", false)[0];
+    d.kv_imported(id, bad, None);
+    let (ids, reason) = tokens_of(rx).await;
+    assert_eq!((ids, reason), (vec![bad], FinishReason::Aborted));
+    let (got, _) = tokens_of(free_rx).await;
+    assert_eq!(got, want);
+    let s = settle(&d).await;
+    assert_eq!(s.pool.used, 0, "{:?}", s.pool);
+}

@@ -405,9 +405,10 @@ impl Worker {
                 None => None,
                 Some(Ok(m)) => Some(m),
                 Some(Err(e)) => {
-                    // Only this sequence ends; the rest of the batch goes on.
+                    // Only this sequence ends (aborted: its output cannot be completed under
+                    // its grammar); the rest of the batch goes on.
                     tracing::warn!(seq = s.id.0, error = %e, "constrained sequence cannot go on");
-                    finished.push((p.index, FinishReason::Stop, out.tail()));
+                    finished.push((p.index, FinishReason::Aborted, out.tail()));
                     continue;
                 }
             };
@@ -436,16 +437,18 @@ impl Worker {
             .expect("every sequence has an output");
         let end_token = (!s.params.ignore_eos && self.eog.contains(&tok))
             || s.params.stop_token_ids.contains(&tok);
-        // The grammar takes every token but the end token it allowed.
-        let grammar_done = match out.constraint.as_deref_mut() {
+        // The grammar takes every token but the end token it allowed. A token it refuses (a
+        // disaggregated first token from a prefill worker that ignored the constraint) aborts
+        // this sequence only.
+        let (grammar_done, grammar_broken) = match out.constraint.as_deref_mut() {
             Some(c) if !end_token => match c.consume(tok) {
-                Ok(p) => p == Progress::Finished,
+                Ok(p) => (p == Progress::Finished, false),
                 Err(e) => {
                     tracing::warn!(seq = s.id.0, error = %e, "constrained sequence cannot go on");
-                    true
+                    (false, true)
                 }
             },
-            _ => false,
+            _ => (false, false),
         };
         let (text, stop_string) = if end_token {
             (String::new(), false)
@@ -453,7 +456,9 @@ impl Worker {
             let piece = out.decoder.push(&self.tokenizer, tok);
             out.stop.push(&piece)
         };
-        let reason = if end_token || stop_string || grammar_done {
+        let reason = if grammar_broken {
+            Some(FinishReason::Aborted)
+        } else if end_token || stop_string || grammar_done {
             Some(FinishReason::Stop)
         } else if s.generated() >= s.params.max_tokens
             || s.tokens.len() >= self.limit
