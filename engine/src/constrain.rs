@@ -127,12 +127,11 @@ impl TokenizerEnv for TokenEnv {
 /// vocabulary is the expensive part; compiling a grammar against it is cheap.
 pub struct Grammars {
     factory: ParserFactory,
-    eos: u32,
 }
 
 impl std::fmt::Debug for Grammars {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Grammars").field("eos", &self.eos).finish()
+        f.debug_struct("Grammars").finish_non_exhaustive()
     }
 }
 
@@ -169,12 +168,7 @@ impl Grammars {
         });
         let mut factory = ParserFactory::new_simple(&(env as _)).map_err(|e| e.to_string())?;
         factory.quiet();
-        Ok(Grammars { factory, eos })
-    }
-
-    /// The token a finished grammar ends with.
-    pub fn eos(&self) -> u32 {
-        self.eos
+        Ok(Grammars { factory })
     }
 
     /// A fresh matcher for `c`, or why `c` does not compile.

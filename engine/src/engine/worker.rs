@@ -312,17 +312,21 @@ impl Worker {
         }
         // The token masks of the constrained sequences about to sample are computed on another
         // thread while the forward pass runs (their grammars already consumed every token).
-        let sampling: Vec<SeqId> = plan
-            .iter()
-            .filter(|p| p.sample)
-            .map(|p| self.sched.running[p.index].id)
-            .collect();
-        let outputs = &mut self.outputs;
-        let mut masks: Vec<&mut ConstraintState> = outputs
-            .iter_mut()
-            .filter(|(id, _)| sampling.contains(id))
-            .filter_map(|(_, o)| o.constraint.as_deref_mut())
-            .collect();
+        // Unconstrained batches skip this (one pass over the outputs, no allocation).
+        let mut masks: Vec<&mut ConstraintState> = Vec::new();
+        if self.outputs.values().any(|o| o.constraint.is_some()) {
+            let sampling: Vec<SeqId> = plan
+                .iter()
+                .filter(|p| p.sample)
+                .map(|p| self.sched.running[p.index].id)
+                .collect();
+            masks.extend(
+                self.outputs
+                    .iter_mut()
+                    .filter(|(id, _)| sampling.contains(id))
+                    .filter_map(|(_, o)| o.constraint.as_deref_mut()),
+            );
+        }
         let (model, cache, ws) = (&self.model, &mut self.cache, &mut self.ws);
         let forward = if masks.is_empty() {
             model.forward(&chunks, cache, ws)

@@ -175,36 +175,24 @@ impl SseBody {
             Step::Token(text, token) => (text, Some(token), None),
             Step::Done(text, reason) => (text, None, Some(reason)),
         };
+        // Calls begun before each piece (a `Call` piece begins the next one).
+        let mut begun = parser.calls();
         let mut pieces = parser.push(&text);
         if done.is_some() {
             pieces.extend(parser.finish());
         }
-        let mut calls = self.calls[index].as_ref().map_or(0, CallParser::calls);
-        // Number the pieces' calls as they were when each began.
-        calls -= pieces
-            .iter()
-            .filter(|p| matches!(p, Piece::Call(_)))
-            .count();
         let mut token = token.filter(|_| self.meta.logprobs);
         if pieces.is_empty() && token.is_some() {
             pieces.push(Piece::Text(String::new()));
         }
         for piece in pieces {
-            let begun = if matches!(piece, Piece::Call(_)) {
-                calls += 1;
-                calls - 1
-            } else {
-                calls
-            };
-            self.chat_chunk(
-                index,
-                toolparse::delta(piece, begun),
-                token.take().as_ref(),
-                None,
-            );
+            let is_call = matches!(piece, Piece::Call(_));
+            let delta = toolparse::delta(piece, begun);
+            self.chat_chunk(index, delta, token.take().as_ref(), None);
+            begun += usize::from(is_call);
         }
         if let Some(reason) = done {
-            let finish = toolparse::finish_reason(reason, calls);
+            let finish = toolparse::finish_reason(reason, begun);
             self.chat_chunk(index, Delta::default(), None, Some(finish));
         }
     }

@@ -75,6 +75,20 @@ fn block_scales<const T: usize>(d: f32, tok: &Tokens<'_, T>, b0: usize, dd: &mut
     }
 }
 
+/// `−dmin · m_k` for a Q4_K / Q5_K super-block's eight sub-block mins (negating the product
+/// or a factor rounds the same).
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn neg_mins(dmin: f32, mins: &[u8; 8]) -> __m256 {
+    let mut mi = [0i32; 8];
+    for (mi, &v) in mi.iter_mut().zip(mins) {
+        *mi = v.into();
+    }
+    // SAFETY: `mi` is 8 readable i32s; unaligned load.
+    let mv = _mm256_cvtepi32_ps(unsafe { _mm256_loadu_si256(mi.as_ptr().cast()) });
+    _mm256_mul_ps(_mm256_set1_ps(-dmin), mv)
+}
+
 /// Q4_K (`Q5 = false`) or Q5_K tile.
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -100,14 +114,7 @@ fn tile_k45<const R: usize, const T: usize, const Q5: bool>(
             let (d, dmin) = (f16_le(blk, 0), f16_le(blk, 2));
             let (scs, mins) = scales_k4(&blk[4..16]);
             sc[r] = scs;
-            let mut mi = [0i32; 8];
-            for (mi, &v) in mi.iter_mut().zip(&mins) {
-                *mi = v.into();
-            }
-            // SAFETY: `mi` is 8 readable i32s; unaligned load.
-            let mv = _mm256_cvtepi32_ps(unsafe { _mm256_loadu_si256(mi.as_ptr().cast()) });
-            // −(dmin · m_k): negating the product or a factor rounds the same.
-            let mneg = _mm256_mul_ps(_mm256_set1_ps(-dmin), mv);
+            let mneg = neg_mins(dmin, &mins);
             for t in 0..T {
                 acc[r][t] = _mm256_fmadd_ps(mneg, tok.s8(t, b0), acc[r][t]);
             }

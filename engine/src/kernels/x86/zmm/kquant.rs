@@ -11,7 +11,7 @@ use std::arch::x86_64::*;
 
 use super::super::super::kquant::{scales_k4, K4_QS, K5_QH, K5_QS, K6_D, K6_QH, K6_SC};
 use super::super::super::{OutPtr, QMatrix, WeightType, QK_K};
-use super::super::kquant::{f16_le, load32, raw_rows};
+use super::super::kquant::{f16_le, load32, neg_mins, raw_rows};
 use super::super::Prefetch;
 use super::{chunk_scales, dup_epi32, dup_ps, finish_tile, pair_scale, PairView};
 
@@ -57,13 +57,7 @@ fn tile_k45<const R: usize, const T: usize, const TP: usize, const Q5: bool>(
             let (d, dmin) = (f16_le(blk, 0), f16_le(blk, 2));
             let (scs, mins) = scales_k4(&blk[4..16]);
             sc[r] = scs;
-            let mut mi = [0i32; 8];
-            for (mi, &v) in mi.iter_mut().zip(&mins) {
-                *mi = v.into();
-            }
-            // SAFETY: `mi` is 8 readable i32s; unaligned load.
-            let mv = _mm256_cvtepi32_ps(unsafe { _mm256_loadu_si256(mi.as_ptr().cast()) });
-            let mneg = dup_ps(_mm256_mul_ps(_mm256_set1_ps(-dmin), mv));
+            let mneg = dup_ps(neg_mins(dmin, &mins));
             for p in 0..TP {
                 acc[r][p] = _mm512_fmadd_ps(mneg, x.s16(p, b0), acc[r][p]);
             }
