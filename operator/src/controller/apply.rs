@@ -79,6 +79,13 @@ pub async fn apply_all(client: &Client, d: &Desired) -> Result<Applied, kube::Er
                 .await?,
         );
     }
+    let pools = crate::render::gateway::inference_pool_resource();
+    for o in &d.inference_pools {
+        let ns = o.metadata.namespace.clone().unwrap_or_default();
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &pools);
+        api.patch(&o.name_any(), &apply_params(), &Patch::Apply(o))
+            .await?;
+    }
     Ok(out)
 }
 

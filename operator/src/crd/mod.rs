@@ -1,5 +1,6 @@
 //! The `InferenceService` custom resource (serving.cleave.dev/v1alpha1).
 
+mod gateway;
 mod spec;
 mod status;
 
@@ -8,6 +9,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
 };
 use kube::CustomResourceExt;
 
+pub use gateway::*;
 pub use spec::*;
 pub use status::*;
 

@@ -54,6 +54,9 @@ pub struct InferenceServiceSpec {
     /// Queue-depth autoscaling policy for pools that set `autoscaling` bounds.
     #[serde(default)]
     pub autoscaling: AutoscalingSpec,
+    /// Gateway API Inference Extension integration: an InferencePool and an endpoint picker.
+    #[serde(default)]
+    pub gateway: super::GatewaySpec,
 }
 
 /// The model and its source.

@@ -2,6 +2,7 @@
 //! exist. No I/O here; the controller applies the result with server-side apply.
 
 pub mod config;
+pub mod gateway;
 pub mod model;
 pub mod names;
 pub mod objects;
@@ -56,6 +57,8 @@ pub struct Desired {
     pub roles: Vec<Role>,
     /// The router's RoleBinding.
     pub role_bindings: Vec<RoleBinding>,
+    /// The InferencePool (`spec.gateway.inferencePool`).
+    pub inference_pools: Vec<DynamicObject>,
 }
 
 /// Groups a pool runs when not autoscaled: `replicas`, default 1.
@@ -263,6 +266,7 @@ pub fn desired(isvc: &InferenceService, inputs: &Inputs) -> Result<Desired, Stri
     out.service_accounts.push(sa);
     out.roles.push(role);
     out.role_bindings.push(binding);
+    gateway::render(isvc, image, &model, &owner, &mut out)?;
     Ok(out)
 }
 
