@@ -5,57 +5,21 @@
 
 mod common;
 
-use std::future::Future;
+use common::{eventually, install_crd};
+
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use cleave_operator::controller::{self, Ctx, Settings};
-use cleave_operator::crd::{self, InferenceService};
+use cleave_operator::crd::InferenceService;
 use cleave_operator::leader::LeaseLock;
 use cleave_operator::metrics::OperatorMetrics;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::{Client, ResourceExt};
+use kube::ResourceExt;
 use serde_json::json;
-
-async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    for _ in 0..240 {
-        if let Some(v) = f().await {
-            return v;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
-
-async fn install_crd(client: &Client) {
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = crd::crd();
-    api.patch(
-        &crd.name_any(),
-        &PatchParams::apply("cleave-operator-test").force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .expect("installing the CRD");
-    eventually("the CRD to be established", || async {
-        let c = api.get(&crd.name_any()).await.ok()?;
-        let ok = c
-            .status?
-            .conditions?
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True");
-        ok.then_some(())
-    })
-    .await;
-}
 
 fn replicas(d: &Deployment) -> i32 {
     d.spec.as_ref().unwrap().replicas.unwrap()

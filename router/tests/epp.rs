@@ -670,7 +670,6 @@ async fn metrics_server_at(ip: &str, port: u16, text: String) -> Option<Metrics>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn picks_from_an_inference_pool_in_kubernetes() {
     use k8s_openapi::api::core::v1::Pod;
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
     use serde_json::json;
 
@@ -678,68 +677,8 @@ async fn picks_from_an_inference_pool_in_kubernetes() {
     else {
         return;
     };
-    // The CRD, vendored unmodified (cluster-scoped; left installed for other runs). Servers
-    // before 1.25 know no CEL, and 1.20 rejects empty-string schema defaults (it reads them as
-    // null): for those both are left out here, and only there.
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../crds/upstream/inference.networking.k8s.io_inferencepools.yaml"
-    );
-    let mut crd: serde_json::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(path).expect("the vendored CRD"))
-            .expect("YAML");
-    let version = client
-        .apiserver_version()
-        .await
-        .expect("the server version");
-    let minor: u32 = version.minor.trim_end_matches('+').parse().unwrap_or(0);
-    if version.major == "1" && minor < 25 {
-        fn strip(v: &mut serde_json::Value) {
-            match v {
-                serde_json::Value::Object(m) => {
-                    m.remove("x-kubernetes-validations");
-                    if m.get("default") == Some(&json!("")) {
-                        m.remove("default");
-                    }
-                    m.values_mut().for_each(strip);
-                }
-                serde_json::Value::Array(a) => a.iter_mut().for_each(strip),
-                _ => {}
-            }
-        }
-        strip(&mut crd);
-        eprintln!("Kubernetes 1.{minor}: CEL rules and empty-string defaults left out of the CRD");
-    }
-    let crd: CustomResourceDefinition = serde_json::from_value(crd).expect("a CRD");
-    let crds = Api::<CustomResourceDefinition>::all(client.clone());
-    match crds.create(&PostParams::default(), &crd).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 409 => {}
-        Err(e) => panic!("creating the InferencePool CRD: {e}"),
-    }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let got = crds
-            .get("inferencepools.inference.networking.k8s.io")
-            .await
-            .expect("the CRD");
-        let established = got
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|cs| {
-                cs.iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True")
-            });
-        if established {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the CRD never became Established"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    cleave_testkube::upstream::install_crd(&client, cleave_testkube::upstream::INFERENCE_POOL_CRD)
+        .await;
 
     // Two model servers on distinct loopback IPs, one port (an InferencePool has one port list).
     let busy = metrics_server_at("127.0.0.2", 0, vllm_text(12, 4, 0.8))

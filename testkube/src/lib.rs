@@ -13,6 +13,8 @@
 //! # }
 //! ```
 
+pub mod upstream;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::render::names::{self, MANAGER};
-use crate::render::{objects, Desired};
+use crate::render::{gateway, objects, Desired};
 
 /// Field manager of every write.
 pub fn apply_params() -> PatchParams {
@@ -79,14 +79,32 @@ pub async fn apply_all(client: &Client, d: &Desired) -> Result<Applied, kube::Er
                 .await?,
         );
     }
-    let pools = crate::render::gateway::inference_pool_resource();
+    let pools = gateway::inference_pool_resource();
     for o in &d.inference_pools {
         let ns = o.metadata.namespace.clone().unwrap_or_default();
         let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &ns, &pools);
         api.patch(&o.name_any(), &apply_params(), &Patch::Apply(o))
-            .await?;
+            .await
+            .map_err(no_pool_crd)?;
     }
     Ok(out)
+}
+
+/// A 404 on an InferencePool means its CRD is not installed: say so, and how to fix it.
+fn no_pool_crd(e: kube::Error) -> kube::Error {
+    match e {
+        kube::Error::Api(mut r) if r.code == 404 => {
+            r.message = format!(
+                "spec.gateway.inferencePool needs the InferencePool CRD \
+                 (inferencepools.{}/v1) installed in the cluster: kubectl apply -f \
+                 crds/upstream/inference.networking.k8s.io_inferencepools.yaml ({})",
+                cleave_router::epp::inference_pool::GROUP,
+                r.message
+            );
+            kube::Error::Api(r)
+        }
+        e => e,
+    }
 }
 
 async fn prune_kind<K>(
@@ -146,6 +164,29 @@ pub async fn prune(
         )
         .await?,
     );
+    // An isvc that turned spec.gateway off: its InferencePool goes (the CRD may be absent,
+    // then there is nothing to delete).
+    let pools = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        ns,
+        &gateway::inference_pool_resource(),
+    );
+    match prune_kind(
+        pools,
+        &selector,
+        &names_of(
+            d.inference_pools
+                .iter()
+                .map(|o| o.metadata.name.clone())
+                .collect(),
+        ),
+    )
+    .await
+    {
+        Ok(gone) => deleted.extend(gone),
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => return Err(e),
+    }
     if lws_available {
         deleted.extend(
             prune_kind(

@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::rbac::v1::PolicyRule;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::api::DynamicObject;
 use kube::ResourceExt;
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -34,13 +34,8 @@ pub const EPP_PORT: i32 = 9002;
 /// `app.kubernetes.io/component` of the endpoint picker.
 pub const COMPONENT: &str = "endpoint-picker";
 
-/// The InferencePool API.
-pub fn inference_pool_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("inference.networking.k8s.io", "v1", "InferencePool"),
-        "inferencepools",
-    )
-}
+/// The InferencePool API (the endpoint picker's own definition).
+pub use cleave_router::epp::inference_pool::resource as inference_pool_resource;
 
 /// `<name>-pool`: the InferencePool.
 pub fn pool_name(name: &str) -> String {

@@ -1,10 +1,15 @@
 //! Shared by the operator's integration tests.
 #![allow(dead_code)]
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
-use cleave_operator::crd::InferenceService;
+use cleave_operator::crd::{self, InferenceService};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Client, ResourceExt};
 
 /// The repository root.
 pub fn root() -> PathBuf {
@@ -77,4 +82,42 @@ pub fn run(cmd: &mut Command) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Polls `f` every 500 ms until it returns `Some`, for up to two minutes; panics naming `what`.
+pub async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    for _ in 0..240 {
+        if let Some(v) = f().await {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// Installs (server-side applies) cleave's InferenceService CRD and waits until it is Established.
+pub async fn install_crd(client: &Client) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = crd::crd();
+    api.patch(
+        &crd.name_any(),
+        &PatchParams::apply("cleave-operator-test").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .expect("installing the CRD");
+    eventually("the CRD to be established", || async {
+        let c = api.get(&crd.name_any()).await.ok()?;
+        let ok = c
+            .status?
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        ok.then_some(())
+    })
+    .await;
 }
