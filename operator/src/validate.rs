@@ -99,6 +99,14 @@ pub fn validate(spec: &InferenceServiceSpec) -> Findings {
         f.errors
             .push("decode: at least one decode group is needed to serve requests".into());
     }
+    if spec.gateway.inference_pool && spec.decode.parallelism.nodes_per_group > 1 {
+        f.errors.push(
+            "gateway.inferencePool: the pool's endpoints must each serve a whole model; \
+             multi-node decode groups (decode.parallelism.nodesPerGroup > 1) are not supported \
+             behind a Gateway yet"
+                .into(),
+        );
+    }
     f
 }
 

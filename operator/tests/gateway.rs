@@ -102,7 +102,15 @@ async fn renders_an_inference_pool_and_its_endpoint_picker() {
     assert_eq!(env["CLEAVE_MODE"], "endpoint-picker");
     assert_eq!(env["CLEAVE_EPP_POOL"], "chat-pool");
 
-    // Turning the gateway off removes the pool and the picker.
+    // Each decode pod answers the OpenAI API itself (the Gateway sends requests to it).
+    let containers = |d: Deployment| d.spec.unwrap().template.spec.unwrap().containers;
+    let decode = containers(deps.get("chat-decode").await.expect("decode"));
+    assert_eq!(
+        decode.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
+        ["worker", "openai"]
+    );
+
+    // Turning the gateway off removes the pool, the picker and the sidecar.
     isvcs
         .patch(
             "chat",
@@ -116,7 +124,11 @@ async fn renders_an_inference_pool_and_its_endpoint_picker() {
         gone.then_some(())
     })
     .await;
-    assert!(deps.get("chat-decode").await.is_ok(), "the workers stay");
+    eventually("the decode pods without the sidecar", || async {
+        let d = deps.get("chat-decode").await.ok()?;
+        (containers(d).len() == 1).then_some(())
+    })
+    .await;
 
     stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(20), running).await;

@@ -14,8 +14,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ContainerPort, EnvFromSource, Probe, Service, ServicePort, ServiceSpec,
-    TCPSocketAction,
+    ConfigMap, ContainerPort, EnvFromSource, PodTemplateSpec, Probe, Service, ServicePort,
+    ServiceSpec, TCPSocketAction,
 };
 use k8s_openapi::api::rbac::v1::PolicyRule;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -101,7 +101,7 @@ pub fn inference_pool(isvc: &InferenceService, owner: &OwnerReference) -> Dynami
     obj.data = json!({
         "spec": {
             "selector": {"matchLabels": names::selector(&name, Component::Decode)},
-            "targetPorts": [{"number": pods::WORKER_HTTP_PORT}],
+            "targetPorts": [{"number": pods::ROUTER_HTTP_PORT}],
             "endpointPickerRef": {
                 "kind": "Service",
                 "name": epp_name(&name),
@@ -111,6 +111,60 @@ pub fn inference_pool(isvc: &InferenceService, owner: &OwnerReference) -> Dynami
         }
     });
     obj
+}
+
+/// Port name of the OpenAI sidecar in decode pods (the InferencePool's target port).
+pub const OPENAI_PORT_NAME: &str = "openai";
+
+/// Makes a decode pod answer the OpenAI API itself when `spec.gateway.inferencePool` is set,
+/// so that the Gateway can send a request to the pod the picker chose: a `cleave-router`
+/// container beside the worker, dispatching to that worker only (`--decode` on loopback) and
+/// to the instance's prefill pods (Kubernetes discovery, selector `…,serving.cleave.dev/pool=
+/// prefill`) for disaggregated prefill. It runs as the router's ServiceAccount (it lists pods)
+/// and reads the router's ConfigMap (model, served name, policy, API keys).
+pub fn serve_openai(isvc: &InferenceService, image: &str, template: &mut PodTemplateSpec) {
+    if !isvc.spec.gateway.inference_pool {
+        return;
+    }
+    let name = isvc.name_any();
+    let Some(spec) = template.spec.as_mut() else {
+        return;
+    };
+    let mut c = pods::router_container(
+        isvc,
+        image,
+        "openai",
+        OPENAI_PORT_NAME,
+        vec![
+            "--decode".into(),
+            format!("http://127.0.0.1:{}", pods::GRPC_PORT),
+            "--discovery".into(),
+            "kubernetes".into(),
+            "--kube-namespace".into(),
+            isvc.namespace().unwrap_or_default(),
+            "--kube-selector".into(),
+            format!(
+                "{},{}={}",
+                names::instance_selector(&name),
+                names::POOL,
+                Component::Prefill.as_str()
+            ),
+        ],
+    );
+    let worker_mounts = spec
+        .containers
+        .first()
+        .and_then(|w| w.volume_mounts.clone())
+        .unwrap_or_default();
+    let mut mounts = worker_mounts;
+    if let Some((volume, mount)) = pods::api_keys_volume(isvc) {
+        spec.volumes.get_or_insert_with(Vec::new).push(volume);
+        mounts.push(mount);
+    }
+    c.volume_mounts = Some(mounts);
+    spec.containers.push(c);
+    spec.service_account_name = Some(names::router_account(&name));
+    spec.automount_service_account_token = Some(true);
 }
 
 /// Adds the gateway objects to `out` when `spec.gateway.inferencePool` is set; call after the
@@ -267,6 +321,77 @@ mod tests {
             .any(|r| r.resources.as_ref().unwrap()[0] == "inferencepools"));
     }
 
+    fn decode_pod(d: &Desired) -> k8s_openapi::api::core::v1::PodSpec {
+        d.deployments
+            .iter()
+            .find(|o| o.metadata.name.as_deref() == Some("chat-decode"))
+            .and_then(|o| o.spec.clone())
+            .and_then(|s| s.template.spec)
+            .expect("the decode Deployment")
+    }
+
+    #[test]
+    fn decode_pods_answer_the_openai_api_only_behind_a_gateway() {
+        let plain = decode_pod(&desired(&isvc(false), &inputs()).expect("renders"));
+        assert_eq!(plain.containers.len(), 1);
+        assert_eq!(plain.automount_service_account_token, Some(false));
+
+        let pod = decode_pod(&desired(&isvc(true), &inputs()).expect("renders"));
+        assert_eq!(pod.containers.len(), 2, "worker + OpenAI sidecar");
+        let c = &pod.containers[1];
+        assert_eq!(c.name, "openai");
+        assert_eq!(
+            c.command.as_deref(),
+            Some(&["cleave-router".to_string()][..])
+        );
+        let args = c.args.clone().unwrap();
+        let flag = |f: &str| args[args.iter().position(|a| a == f).expect(f) + 1].clone();
+        assert_eq!(flag("--decode"), "http://127.0.0.1:50051");
+        assert_eq!(flag("--discovery"), "kubernetes");
+        assert_eq!(
+            flag("--kube-selector"),
+            "app.kubernetes.io/instance=chat,serving.cleave.dev/pool=prefill"
+        );
+        let port = &c.ports.as_ref().unwrap()[0];
+        assert_eq!(
+            (port.name.as_deref(), port.container_port),
+            (Some(OPENAI_PORT_NAME), pods::ROUTER_HTTP_PORT)
+        );
+        assert_eq!(
+            c.env_from.as_ref().unwrap()[0]
+                .config_map_ref
+                .as_ref()
+                .unwrap()
+                .name,
+            "chat-router"
+        );
+        assert_eq!(
+            c.volume_mounts, pod.containers[0].volume_mounts,
+            "the sidecar reads the worker's model (its tokenizer)"
+        );
+        assert_eq!(pod.service_account_name.as_deref(), Some("chat-router"));
+        assert_eq!(pod.automount_service_account_token, Some(true));
+        // The sidecar's flags parse as the router's own.
+        let mut argv = vec!["cleave-router".to_string(), "--model".into(), "m".into()];
+        argv.extend(args);
+        let cmd = <cleave_router::config::RouterConfig as clap::Args>::augment_args(
+            clap::Command::new("cleave-router"),
+        );
+        cmd.try_get_matches_from(argv).expect("router flags");
+    }
+
+    #[test]
+    fn multi_node_decode_groups_are_refused_behind_a_gateway() {
+        let mut i = isvc(true);
+        i.spec.decode.parallelism.nodes_per_group = 2;
+        let f = crate::validate::validate(&i.spec);
+        assert!(
+            f.errors.iter().any(|e| e.contains("gateway.inferencePool")),
+            "{:?}",
+            f.errors
+        );
+    }
+
     #[test]
     fn renders_the_pool_the_picker_and_its_access() {
         let d = desired(&isvc(true), &inputs()).expect("renders");
@@ -279,7 +404,7 @@ mod tests {
         );
         assert_eq!(
             spec["targetPorts"],
-            json!([{"number": pods::WORKER_HTTP_PORT}])
+            json!([{"number": pods::ROUTER_HTTP_PORT}])
         );
         assert_eq!(
             spec["endpointPickerRef"],

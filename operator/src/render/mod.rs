@@ -176,7 +176,10 @@ fn pool_objects(
     out.config_maps.push(cm);
     out.services
         .push(objects::pool_service(&name, &ns, c, &owner));
-    let template = pods::worker_template(isvc, c, pool, image, model, &hash, BTreeMap::new());
+    let mut template = pods::worker_template(isvc, c, pool, image, model, &hash, BTreeMap::new());
+    if c == Component::Decode {
+        gateway::serve_openai(isvc, image, &mut template);
+    }
     let size = pool.parallelism.nodes_per_group as i32;
     if size == 1 {
         out.deployments.push(objects::deployment(

@@ -224,49 +224,27 @@ pub fn router_template(
 ) -> PodTemplateSpec {
     let name = isvc.metadata.name.clone().unwrap_or_default();
     let ns = isvc.metadata.namespace.clone().unwrap_or_default();
-    let spec = &isvc.spec.router;
     let mut mounts = vec![model.mount.clone()];
     let mut volumes = vec![model.volume.clone()];
-    if let Some(secret) = &spec.api_key_secret {
-        volumes.push(Volume {
-            name: "api-keys".into(),
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(secret.name.clone()),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
-        mounts.push(VolumeMount {
-            name: "api-keys".into(),
-            mount_path: API_KEYS_DIR.into(),
-            read_only: Some(true),
-            ..Default::default()
-        });
+    if let Some((volume, mount)) = api_keys_volume(isvc) {
+        volumes.push(volume);
+        mounts.push(mount);
     }
-    let container = Container {
-        name: "router".into(),
-        image: Some(image.into()),
-        command: Some(vec!["cleave-router".into()]),
-        args: Some(vec![
+    let mut container = router_container(
+        isvc,
+        image,
+        "router",
+        "http",
+        vec![
             "--discovery".into(),
             "kubernetes".into(),
             "--kube-namespace".into(),
             ns,
             "--kube-selector".into(),
             names::instance_selector(&name),
-        ]),
-        env_from: env_from(names::config_map(&name, Component::Router)),
-        ports: Some(vec![port("http", ROUTER_HTTP_PORT)]),
-        readiness_probe: Some(probe("/ready", "http", 5)),
-        liveness_probe: Some(Probe {
-            initial_delay_seconds: Some(15),
-            ..probe("/health", "http", 10)
-        }),
-        resources: spec.resources.clone(),
-        volume_mounts: Some(mounts),
-        security_context: Some(container_security()),
-        ..Default::default()
-    };
+        ],
+    );
+    container.volume_mounts = Some(mounts);
     PodTemplateSpec {
         metadata: Some(ObjectMeta {
             labels: Some(names::pod_labels(&name, Component::Router)),
@@ -284,5 +262,54 @@ pub fn router_template(
             security_context: Some(pod_security()),
             ..Default::default()
         }),
+    }
+}
+
+/// The API-key Secret's volume and its mount in a router container, when the spec names one.
+pub fn api_keys_volume(isvc: &InferenceService) -> Option<(Volume, VolumeMount)> {
+    let secret = isvc.spec.router.api_key_secret.as_ref()?;
+    Some((
+        Volume {
+            name: "api-keys".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret.name.clone()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        VolumeMount {
+            name: "api-keys".into(),
+            mount_path: API_KEYS_DIR.into(),
+            read_only: Some(true),
+            ..Default::default()
+        },
+    ))
+}
+
+/// A `cleave-router` container named `name` serving the OpenAI API on [`ROUTER_HTTP_PORT`]
+/// (port name `port_name`) from the router's ConfigMap, with `args`; no volume mounts.
+pub fn router_container(
+    isvc: &InferenceService,
+    image: &str,
+    name: &str,
+    port_name: &str,
+    args: Vec<String>,
+) -> Container {
+    let instance = isvc.metadata.name.clone().unwrap_or_default();
+    Container {
+        name: name.into(),
+        image: Some(image.into()),
+        command: Some(vec!["cleave-router".into()]),
+        args: Some(args),
+        env_from: env_from(names::config_map(&instance, Component::Router)),
+        ports: Some(vec![port(port_name, ROUTER_HTTP_PORT)]),
+        readiness_probe: Some(probe("/ready", port_name, 5)),
+        liveness_probe: Some(Probe {
+            initial_delay_seconds: Some(15),
+            ..probe("/health", port_name, 10)
+        }),
+        resources: isvc.spec.router.resources.clone(),
+        security_context: Some(container_security()),
+        ..Default::default()
     }
 }
