@@ -14,7 +14,7 @@ RUN apt-get update -qq \
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked \
-      -p cleave-worker -p cleave-router -p cleave-operator -p cleave \
+      -p cleave-prefill-worker -p cleave-decode-worker -p cleave-router -p cleave-operator -p cleave \
  && mkdir /out \
  && cp target/release/cleave-prefill target/release/cleave-decode target/release/cleave-router \
        target/release/cleave-operator target/release/cleave /out/

@@ -440,7 +440,7 @@ pub fn ttft_breakdown(
     n: usize,
 ) -> anyhow::Result<Vec<serde_json::Value>> {
     use cleave_proto::v1 as pb;
-    use cleave_worker::{run, Role, WorkerConfig};
+    use cleave_worker::{run, WorkerConfig};
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -467,8 +467,8 @@ pub fn ttft_breakdown(
             group: Default::default(),
         };
         let stop = tokio_util::sync::CancellationToken::new();
-        let prefill = run(Role::Prefill, config.clone(), stop.clone()).await?;
-        let decode = run(Role::Decode, config, stop.clone()).await?;
+        let prefill = run(cleave_prefill_worker::SERVICE, config.clone(), stop.clone()).await?;
+        let decode = run(cleave_decode_worker::SERVICE, config, stop.clone()).await?;
         let tok = cleave_engine::load::ModelText::open(&model)?.tokenizer;
         let mut client = cleave_proto::v1::decode_worker_client::DecodeWorkerClient::connect(
             format!("http://{}", decode.grpc_addr),

@@ -164,7 +164,13 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             }
         },
         Command::Up(args) => up::up(args),
-        Command::Worker(args) => cleave_worker::serve_until_signal(args.role, args.config),
+        Command::Worker(args) => {
+            let service = match args.role {
+                cleave_worker::Role::Decode => cleave_decode_worker::SERVICE,
+                cleave_worker::Role::Prefill => cleave_prefill_worker::SERVICE,
+            };
+            cleave_worker::serve_until_signal(service, args.config)
+        }
         Command::Router(config) => cleave_router::serve::serve_until_signal(config),
         Command::Generate(args) => generate::generate(args),
         Command::Chat(args) => generate::chat(args),

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use cleave_engine::gguf::default_model_path;
 use cleave_router::config::RouterConfig;
-use cleave_worker::{Role, WorkerConfig};
+use cleave_worker::WorkerConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
@@ -161,8 +161,7 @@ async fn router_discovers_and_drops_an_etcd_registered_worker() {
     assert!(router.cluster.all().is_empty());
 
     let worker_stop = CancellationToken::new();
-    let worker = cleave_worker::run(
-        Role::Decode,
+    let worker = cleave_decode_worker::run(
         WorkerConfig {
             model: model.clone(),
             grpc_addr: "127.0.0.1:0".parse().unwrap(),

@@ -1,34 +1,37 @@
-//! cleave's workers: the engine served over gRPC, in one of two roles.
+//! The worker runtime shared by cleave's two worker roles: the engine on memory allocated by
+//! the KV transport, served over gRPC.
 //!
-//! - **decode** ([`decode`]): owns the KV memory of running sequences. It admits a request,
-//!   allocates its blocks (reusing its own cached prefix), asks the chosen prefill worker to fill
-//!   them (`import_kv`), then decodes in its continuous batch and streams tokens.
-//! - **prefill** ([`prefill`]): computes prompts (chunked, batched, with its own prefix cache)
-//!   and writes each block's KV into the decode worker's memory as soon as it is full
-//!   (`export_kv`), then answers with the first token.
+//! The roles are their own crates, each owning its gRPC service, its half of the KV move and
+//! its binary, and they meet only through `cleave-proto`:
+//! - **decode** (`decode-worker/`, `cleave-decode`): owns the KV memory of running sequences.
+//!   It admits a request, allocates its blocks (reusing its own cached prefix), asks the chosen
+//!   prefill worker to fill them (`import_kv`), then decodes in its continuous batch and streams
+//!   tokens.
+//! - **prefill** (`prefill-worker/`, `cleave-prefill`): computes prompts (chunked, batched, with
+//!   its own prefix cache) and writes each block's KV into the decode worker's memory as soon as
+//!   it is full (`export_kv`), then answers with the first token.
 //!
-//! Both share [`serve`]: the engine on memory allocated by the KV transport, the `Watch`
-//! stream of KV events and load for the router ([`watch`]), Prometheus metrics ([`metrics`])
-//! and the health endpoints. The binaries `cleave-decode` and `cleave-prefill` are thin mains
-//! over [`run`].
+//! This crate is what they share, taking the role's service as a parameter ([`RoleService`]):
+//! start-up and state ([`serve`]), the `Watch` stream of KV events and load for the router
+//! ([`watch`]), Prometheus metrics ([`metrics`]), the health endpoints, etcd registration
+//! ([`register`]), multi-process groups ([`group`], [`follower`], [`rank_kv`]) and the proto
+//! conversions ([`convert`]). [`main_for`] is the whole `main` of either binary.
 
 #![forbid(unsafe_code)]
 
 pub mod config;
 pub mod convert;
-pub mod decode;
 pub mod follower;
 pub mod group;
 pub mod kv_addr;
 pub mod metrics;
-pub mod prefill;
 pub mod rank_kv;
 pub mod register;
 pub mod serve;
 pub mod watch;
 
 pub use config::{Role, WorkerConfig};
-pub use serve::{run, Running};
+pub use serve::{run, RoleService, Running, WorkerState};
 
 /// Command line of both worker binaries.
 #[derive(Debug, clap::Parser)]
@@ -39,14 +42,14 @@ struct Cli {
 }
 
 /// The whole `main` of a worker binary: parse flags, init logging, serve until Ctrl-C/SIGTERM.
-pub fn main_for(role: Role) -> std::process::ExitCode {
+pub fn main_for(service: RoleService) -> std::process::ExitCode {
     use clap::Parser;
     let cli = Cli::parse();
-    let _telemetry = cleave_telemetry::init(match role {
+    let _telemetry = cleave_telemetry::init(match service.role {
         Role::Decode => "cleave-decode",
         Role::Prefill => "cleave-prefill",
     });
-    match serve_until_signal(role, cli.config) {
+    match serve_until_signal(service, cli.config) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -55,9 +58,9 @@ pub fn main_for(role: Role) -> std::process::ExitCode {
     }
 }
 
-/// Serves `role` until Ctrl-C or SIGTERM, printing one JSON line with the bound addresses on
-/// stdout (`{"grpc":"…","http":"…"}`) once ready — what `cleave up` reads.
-pub fn serve_until_signal(role: Role, config: WorkerConfig) -> anyhow::Result<()> {
+/// Serves `service`'s role until Ctrl-C or SIGTERM, printing one JSON line with the bound
+/// addresses on stdout (`{"grpc":"…","http":"…"}`) once ready — what `cleave up` reads.
+pub fn serve_until_signal(service: RoleService, config: WorkerConfig) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -69,7 +72,7 @@ pub fn serve_until_signal(role: Role, config: WorkerConfig) -> anyhow::Result<()
             cancel_on_signal(shutdown.clone());
             return follower::run(config, m, shutdown).await;
         }
-        let running = run(role, config, shutdown.clone()).await?;
+        let running = run(service, config, shutdown.clone()).await?;
         println!(
             "{{\"grpc\":\"{}\",\"http\":\"{}\"}}",
             running.grpc_addr, running.http_addr

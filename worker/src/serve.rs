@@ -18,6 +18,7 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
+use tonic::service::Routes;
 
 use crate::config::{Role, WorkerConfig};
 use crate::metrics::WorkerMetrics;
@@ -62,13 +63,33 @@ pub struct Running {
     pub task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
-/// Loads the model, allocates the KV pool from the transport and starts serving `role` until
-/// `shutdown`. Returns once both listeners are bound.
+/// A worker role as the runtime serves it: which role it registers as, and its gRPC service
+/// over the shared state. The roles live in their own crates (`cleave-decode-worker`,
+/// `cleave-prefill-worker`), which meet only through `cleave-proto`.
+#[derive(Clone, Copy)]
+pub struct RoleService {
+    /// Registration, logs and metrics say this.
+    pub role: Role,
+    /// The role's gRPC service on the worker's state.
+    pub routes: fn(Arc<WorkerState>) -> Routes,
+}
+
+impl std::fmt::Debug for RoleService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RoleService")
+            .field("role", &self.role)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Loads the model, allocates the KV pool from the transport and starts serving `service`'s
+/// role until `shutdown`. Returns once both listeners are bound.
 pub async fn run(
-    role: Role,
+    service: RoleService,
     config: WorkerConfig,
     shutdown: CancellationToken,
 ) -> anyhow::Result<Running> {
+    let role = service.role;
     let threads = if config.threads <= 1 {
         Threads::single()
     } else {
@@ -175,11 +196,8 @@ pub async fn run(
         .context("binding the HTTP address")?;
     let (grpc_addr, http_addr) = (grpc.local_addr()?, http.local_addr()?);
 
-    let mut router = tonic::transport::Server::builder();
-    let grpc_server = match role {
-        Role::Decode => router.add_service(crate::decode::service(state.clone())),
-        Role::Prefill => router.add_service(crate::prefill::service(state.clone())),
-    };
+    let grpc_server =
+        tonic::transport::Server::builder().add_routes((service.routes)(state.clone()));
     let stop = serving.clone();
     let grpc_task = tokio::spawn(async move {
         grpc_server

@@ -3,15 +3,17 @@
 
 use std::time::Duration;
 
+use cleave_decode_worker::SERVICE as DECODE;
 use cleave_engine::engine::{Engine, EngineConfig, GenerateRequest, SeqEvent};
 use cleave_engine::gguf::default_model_path;
 use cleave_engine::kernels::Threads;
 use cleave_engine::load::Loaded;
 use cleave_engine::sample::SamplingParams;
 use cleave_kv_transfer::BackendChoice;
+use cleave_prefill_worker::SERVICE as PREFILL;
 use cleave_proto::v1 as pb;
 use cleave_proto::v1::decode_worker_client::DecodeWorkerClient;
-use cleave_worker::{run, Role, Running, WorkerConfig};
+use cleave_worker::{run, Running, WorkerConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
@@ -133,12 +135,8 @@ fn prompts() -> Vec<Vec<u32>> {
 
 async fn disaggregated_equals_single_process(transport: BackendChoice) {
     let stop = CancellationToken::new();
-    let prefill = run(Role::Prefill, config(transport), stop.clone())
-        .await
-        .unwrap();
-    let decode = run(Role::Decode, config(transport), stop.clone())
-        .await
-        .unwrap();
+    let prefill = run(PREFILL, config(transport), stop.clone()).await.unwrap();
+    let decode = run(DECODE, config(transport), stop.clone()).await.unwrap();
     for prompt in prompts() {
         let want = reference(&prompt, 16).await;
         let (got, fin) = generate(&decode, &prompt, Some(&prefill), 16).await;
@@ -202,7 +200,7 @@ async fn over_ucx() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_prefill_worker_falls_back_to_local_prefill() {
     let stop = CancellationToken::new();
-    let decode = run(Role::Decode, config(BackendChoice::Tcp), stop.clone())
+    let decode = run(DECODE, config(BackendChoice::Tcp), stop.clone())
         .await
         .unwrap();
     // A prefill worker that is gone: bind a port, then close it.
@@ -242,11 +240,11 @@ async fn unreachable_prefill_worker_falls_back_to_local_prefill() {
 async fn a_dropped_prefill_call_aborts_the_prefill_and_its_transfers() {
     use cleave_proto::v1::prefill_worker_client::PrefillWorkerClient;
     let stop = CancellationToken::new();
-    let prefill = run(Role::Prefill, config(BackendChoice::Auto), stop.clone())
+    let prefill = run(PREFILL, config(BackendChoice::Auto), stop.clone())
         .await
         .unwrap();
     // The destination: a decode worker's real region (no sequence of its own is running).
-    let decode = run(Role::Decode, config(BackendChoice::Auto), stop.clone())
+    let decode = run(DECODE, config(BackendChoice::Auto), stop.clone())
         .await
         .unwrap();
     let l = Loaded::open(&default_model_path(), Threads::single()).unwrap();
@@ -297,11 +295,11 @@ async fn a_dropped_prefill_call_aborts_the_prefill_and_its_transfers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_uncached_remainders_are_prefilled_locally() {
     let stop = CancellationToken::new();
-    let prefill = run(Role::Prefill, config(BackendChoice::Tcp), stop.clone())
+    let prefill = run(PREFILL, config(BackendChoice::Tcp), stop.clone())
         .await
         .unwrap();
     let decode = run(
-        Role::Decode,
+        DECODE,
         WorkerConfig {
             local_prefill_below_tokens: 64,
             ..config(BackendChoice::Tcp)

@@ -12,8 +12,8 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
-use crate::rank_kv::{RankRegion, Relay};
-use crate::serve::WorkerState;
+use cleave_worker::rank_kv::{RankRegion, Relay};
+use cleave_worker::WorkerState;
 
 /// Cancels the sequence and its transfers unless disarmed (the request finished normally).
 struct Guard<'a> {
@@ -101,7 +101,7 @@ pub async fn run(
         )
         .map_err(|e| bad(&e))?,
     );
-    let mut params = crate::convert::sampling(req.params)?;
+    let mut params = cleave_worker::convert::sampling(req.params)?;
     params.max_tokens = 1;
     let started = Instant::now();
     let (id, mut rx) = state
@@ -111,7 +111,7 @@ pub async fn run(
             params,
             mode: PrefillMode::Export,
         })
-        .map_err(crate::convert::submit_error)?;
+        .map_err(cleave_worker::convert::submit_error)?;
     let cancel = CancellationToken::new();
     let mut guard = Guard {
         state: &state,
@@ -212,7 +212,7 @@ pub async fn run(
     drop(lease);
     guard.armed = false;
     let (token, lp) = first.ok_or_else(|| Status::unavailable("the prefill produced no token"))?;
-    let (logprob, top) = crate::convert::logprob(lp);
+    let (logprob, top) = cleave_worker::convert::logprob(lp);
     state.metrics.transfer_bytes.inc_by(bytes);
     // Transfers overlap the compute; this is what remained after the last chunk.
     let transfer = transfer_start.elapsed().as_secs_f64();

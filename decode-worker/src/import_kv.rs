@@ -11,7 +11,7 @@ use cleave_engine::schedule::SeqId;
 use cleave_proto::v1 as pb;
 use cleave_proto::v1::prefill_worker_client::PrefillWorkerClient;
 
-use crate::serve::WorkerState;
+use cleave_worker::WorkerState;
 
 /// What to ask the prefill worker for.
 pub struct Job {
@@ -100,7 +100,7 @@ async fn call(state: &WorkerState, job: &Job) -> Result<pb::PrefillResponse, Str
     let req = pb::PrefillRequest {
         request_id: job.request_id.clone(),
         prompt: job.prompt.clone(),
-        params: Some(crate::convert::sampling_to_wire(&job.params)),
+        params: Some(cleave_worker::convert::sampling_to_wire(&job.params)),
         destination: Some(pb::KvDestination {
             worker_address: address,
             region,

@@ -1,6 +1,8 @@
 //! The prefill role: `Prefill` computes a prompt here and writes its KV into the caller's
 //! blocks as each block fills (`export_kv`), then answers with the first token.
 
+#![forbid(unsafe_code)]
+
 mod export_kv;
 
 use std::sync::Arc;
@@ -9,11 +11,25 @@ use cleave_proto::v1 as pb;
 use cleave_proto::v1::prefill_worker_server::{PrefillWorker, PrefillWorkerServer};
 use tonic::{Request, Response, Status};
 
-use crate::serve::WorkerState;
+use cleave_worker::{Role, RoleService, WorkerState};
 
 /// The gRPC service.
 pub fn service(state: Arc<WorkerState>) -> PrefillWorkerServer<Prefill> {
     PrefillWorkerServer::new(Prefill { state })
+}
+
+/// The prefill role for the worker runtime ([`cleave_worker::run`], [`cleave_worker::main_for`]).
+pub const SERVICE: RoleService = RoleService {
+    role: Role::Prefill,
+    routes: |state| tonic::service::Routes::new(service(state)),
+};
+
+/// Starts a prefill worker (see [`cleave_worker::run`]).
+pub async fn run(
+    config: cleave_worker::WorkerConfig,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<cleave_worker::Running> {
+    cleave_worker::run(SERVICE, config, shutdown).await
 }
 
 /// The prefill worker's gRPC handler.
@@ -29,12 +45,12 @@ impl PrefillWorker for Prefill {
         &self,
         request: Request<pb::PrefillRequest>,
     ) -> Result<Response<pb::PrefillResponse>, Status> {
-        let traceparent = crate::convert::traceparent(request.metadata());
+        let traceparent = cleave_worker::convert::traceparent(request.metadata());
         let req = request.into_inner();
         let span = tracing::info_span!(
             "prefill",
             request_id = %req.request_id,
-            trace_id = %crate::convert::trace_id(traceparent.as_deref())
+            trace_id = %cleave_worker::convert::trace_id(traceparent.as_deref())
         );
         cleave_telemetry::set_parent(&span, traceparent.as_deref());
         // If the caller goes away tonic drops this future: the export's guard then cancels the
@@ -48,7 +64,7 @@ impl PrefillWorker for Prefill {
         &self,
         _: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        Ok(Response::new(crate::watch::stream(
+        Ok(Response::new(cleave_worker::watch::stream(
             &self.state.watch,
             &self.state.engine,
         )))

@@ -1,5 +1,5 @@
 //! `cleave-prefill`: the prefill worker.
 
 fn main() -> std::process::ExitCode {
-    cleave_worker::main_for(cleave_worker::Role::Prefill)
+    cleave_worker::main_for(cleave_prefill_worker::SERVICE)
 }

@@ -1,4 +1,4 @@
-//! Helpers of the worker-group tests: worker processes (each rank its own `cleave-decode`),
+//! Helpers of the worker-group tests: worker processes (each rank its own `cleave worker --role decode`),
 //! and network namespaces joined by veth pairs to a bridge (separate "hosts" on one machine).
 
 #![allow(dead_code)]
@@ -103,20 +103,14 @@ pub fn rank_argv(
     leader: &str,
     extra: &[&str],
 ) -> Vec<String> {
-    role_rank_argv(
-        env!("CARGO_BIN_EXE_cleave-decode"),
-        wrap,
-        host,
-        size,
-        rank,
-        leader,
-        extra,
-    )
+    role_rank_argv("decode", wrap, host, size, rank, leader, extra)
 }
 
-/// [`rank_argv`] of the worker binary `bin` (`cleave-decode` or `cleave-prefill`).
+/// [`rank_argv`] of a `role` (`decode` or `prefill`) rank: `cleave worker --role ROLE`, the
+/// command `cleave up` runs (the same runtime as the `cleave-decode`/`cleave-prefill`
+/// binaries, which are one-line mains over it).
 pub fn role_rank_argv(
-    bin: &str,
+    role: &str,
     wrap: &[String],
     host: &str,
     size: usize,
@@ -125,7 +119,7 @@ pub fn role_rank_argv(
     extra: &[&str],
 ) -> Vec<String> {
     let mut v: Vec<String> = wrap.to_vec();
-    v.push(bin.into());
+    v.extend([env!("CARGO_BIN_EXE_cleave"), "worker", "--role", role].map(String::from));
     for a in [
         "--model",
         default_model_path().to_str().unwrap(),
@@ -179,17 +173,22 @@ pub struct Group {
 impl Group {
     /// Starts the followers, then the leader, and waits for all of them.
     pub fn start(wraps: &[Vec<String>], hosts: &[String], extra: &[&str]) -> Group {
-        Group::start_bin(env!("CARGO_BIN_EXE_cleave-decode"), wraps, hosts, extra)
+        Group::start_role("decode", wraps, hosts, extra)
     }
 
-    /// [`Group::start`] of the worker binary `bin`.
-    pub fn start_bin(bin: &str, wraps: &[Vec<String>], hosts: &[String], extra: &[&str]) -> Group {
+    /// [`Group::start`] of `role` (`decode` or `prefill`).
+    pub fn start_role(
+        role: &str,
+        wraps: &[Vec<String>],
+        hosts: &[String],
+        extra: &[&str],
+    ) -> Group {
         let size = wraps.len();
         let leader = format!("{}:{}", hosts[0], free_port());
         // Followers first: they wait for the leader's listener (their ready line comes after
         // the group formed, so start all and then read the lines).
         let argvs: Vec<Vec<String>> = (0..size)
-            .map(|r| role_rank_argv(bin, &wraps[r], &hosts[r], size, r, &leader, extra))
+            .map(|r| role_rank_argv(role, &wraps[r], &hosts[r], size, r, &leader, extra))
             .collect();
         let handles: Vec<_> = argvs
             .into_iter()

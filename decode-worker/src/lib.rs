@@ -1,6 +1,8 @@
 //! The decode role: `Generate` admits a request, gets its prompt KV (from a prefill worker or
 //! computed here) and streams tokens from the continuous batch.
 
+#![forbid(unsafe_code)]
+
 mod import_kv;
 
 use std::pin::Pin;
@@ -12,11 +14,25 @@ use cleave_proto::v1::decode_worker_server::{DecodeWorker, DecodeWorkerServer};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use crate::serve::WorkerState;
+use cleave_worker::{Role, RoleService, WorkerState};
 
 /// The gRPC service.
 pub fn service(state: Arc<WorkerState>) -> DecodeWorkerServer<Decode> {
     DecodeWorkerServer::new(Decode { state })
+}
+
+/// The decode role for the worker runtime ([`cleave_worker::run`], [`cleave_worker::main_for`]).
+pub const SERVICE: RoleService = RoleService {
+    role: Role::Decode,
+    routes: |state| tonic::service::Routes::new(service(state)),
+};
+
+/// Starts a decode worker (see [`cleave_worker::run`]).
+pub async fn run(
+    config: cleave_worker::WorkerConfig,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<cleave_worker::Running> {
+    cleave_worker::run(SERVICE, config, shutdown).await
 }
 
 /// The decode worker's gRPC handler.
@@ -36,10 +52,10 @@ impl DecodeWorker for Decode {
         request: Request<pb::GenerateRequest>,
     ) -> Result<Response<EventStream>, Status> {
         let arrival = std::time::Instant::now();
-        let traceparent = crate::convert::traceparent(request.metadata());
+        let traceparent = cleave_worker::convert::traceparent(request.metadata());
         let req = request.into_inner();
-        let params = crate::convert::sampling(req.params)?;
-        // A tensor-parallel group names every rank's region (crate::rank_kv).
+        let params = cleave_worker::convert::sampling(req.params)?;
+        // A tensor-parallel group names every rank's region (cleave_worker::rank_kv).
         let remote = !req.prefill_endpoint.is_empty();
         let mode = if remote {
             PrefillMode::Import
@@ -53,13 +69,13 @@ impl DecodeWorker for Decode {
                 params: params.clone(),
                 mode,
             })
-            .map_err(crate::convert::submit_error)?;
+            .map_err(cleave_worker::convert::submit_error)?;
         let (tx, out) = tokio::sync::mpsc::channel(64);
         let state = self.state.clone();
         let span = tracing::info_span!(
             "decode",
             request_id = %req.request_id,
-            trace_id = %crate::convert::trace_id(traceparent.as_deref()),
+            trace_id = %cleave_worker::convert::trace_id(traceparent.as_deref()),
             seq = id.0,
             remote
         );
@@ -122,7 +138,8 @@ impl DecodeWorker for Decode {
                         }),
                         _ => None,
                     };
-                    if let Some(e) = crate::convert::generate_event(ev, disaggregated, ttft) {
+                    if let Some(e) = cleave_worker::convert::generate_event(ev, disaggregated, ttft)
+                    {
                         if tx.send(Ok(e)).await.is_err() {
                             // The caller went away: stop decoding (and the prefill, below).
                             engine.cancel(id);
@@ -147,7 +164,7 @@ impl DecodeWorker for Decode {
         &self,
         _: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        Ok(Response::new(crate::watch::stream(
+        Ok(Response::new(cleave_worker::watch::stream(
             &self.state.watch,
             &self.state.engine,
         )))

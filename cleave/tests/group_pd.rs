@@ -1,6 +1,6 @@
 //! Disaggregated prefill/decode between two tensor-parallel groups of real processes: a TP=3
-//! `cleave-prefill` group writes each rank's KV heads straight into the matching rank of a TP=3
-//! `cleave-decode` group (rank to rank, over TCP), and the decode group then generates the
+//! `cleave worker --role prefill` group writes each rank's KV heads straight into the matching rank of a TP=3
+//! `cleave worker --role decode` group (rank to rank, over TCP), and the decode group then generates the
 //! single-process greedy tokens — also with all six ranks on separate "hosts" (network
 //! namespaces). A prefill group asked to write into a group of another size
 //! refuses with a clear error.
@@ -83,8 +83,8 @@ async fn rank_to_rank(transport: &str, ns: Option<&Netns>) {
         Some(ns) => ((0..6).map(|i| ns.wrap(i)).collect(), ns.hosts.clone()),
         None => (vec![Vec::new(); 6], vec!["127.0.0.1".to_string(); 6]),
     };
-    let prefill = Group::start_bin(
-        env!("CARGO_BIN_EXE_cleave-prefill"),
+    let prefill = Group::start_role(
+        "prefill",
         &wraps[..3],
         &hosts[..3],
         &["--transport", transport],

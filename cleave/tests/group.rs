@@ -1,5 +1,5 @@
 //! Worker groups of real processes: a TP=3 decode group of the default model (9 heads, 3 KV
-//! heads; each rank its own `cleave-decode` process holding a third of the heads) generates
+//! heads; each rank its own `cleave worker --role decode` process holding a third of the heads) generates
 //! the single-process tokens, also with every rank in its own network namespace; killing a
 //! rank fails the group fast (aborted requests, not ready, no blocks held, exit status 1) and
 //! a restarted group serves again.
