@@ -140,13 +140,13 @@ impl Pending {
 impl NetGroup {
     /// Creates this rank's UCX worker, swaps worker addresses over TCP, and connects endpoints.
     fn start_ucx(&mut self) -> Result<(), GroupError> {
-        use crate::wire::{Into, Recv, Send};
+        use crate::wire::{Outgoing, Recv, Sink};
         let (mut ucx, mine) = crate::ucx::Ucx::new()?;
         let mut addrs: Vec<Vec<u8>> = vec![Vec::new(); self.world];
         self.run(Op::Setup, |c| {
             let sends = (0..self.world)
                 .filter(|&p| p != self.rank)
-                .map(|peer| Send { peer, data: &mine })
+                .map(|peer| Outgoing { peer, data: &mine })
                 .collect();
             let recvs = addrs
                 .iter_mut()
@@ -154,7 +154,7 @@ impl NetGroup {
                 .filter(|(p, _)| *p != self.rank)
                 .map(|(peer, a)| Recv {
                     peer,
-                    into: Into::Bytes(a),
+                    into: Sink::Bytes(a),
                 })
                 .collect();
             c.exchange(sends, recvs)
@@ -202,14 +202,14 @@ impl Collective for NetGroup {
             let peers = (0..self.world).filter(|&p| p != self.rank);
             let sends = peers
                 .clone()
-                .map(|peer| crate::wire::Send { peer, data: &[] })
+                .map(|peer| crate::wire::Outgoing { peer, data: &[] })
                 .collect();
             let mut empties: Vec<[u8; 0]> = vec![[]; self.world];
             let recvs = peers
                 .zip(empties.iter_mut())
                 .map(|(peer, e)| crate::wire::Recv {
                     peer,
-                    into: crate::wire::Into::Exact(e),
+                    into: crate::wire::Sink::Exact(e),
                 })
                 .collect();
             c.exchange(sends, recvs)

@@ -5,7 +5,7 @@ use std::ops::Range;
 use cleave_engine::collective::{check_root, check_send, CollectiveError};
 
 use crate::group::NetGroup;
-use crate::wire::{Call, Into, Op, Recv, Send};
+use crate::wire::{Call, Op, Outgoing, Recv, Sink};
 use crate::AllReduceOrder;
 
 /// Element range of segment `i` when `n` elements are split into `parts` nearly equal parts.
@@ -69,9 +69,9 @@ impl NetGroup {
     }
 
     /// The same `data` for every peer.
-    fn send_to_every_peer<'a>(&self, data: &'a [f32]) -> Vec<Send<'a>> {
+    fn send_to_every_peer<'a>(&self, data: &'a [f32]) -> Vec<Outgoing<'a>> {
         self.peers()
-            .map(|peer| Send {
+            .map(|peer| Outgoing {
                 peer,
                 data: bytes(data),
             })
@@ -87,7 +87,7 @@ impl NetGroup {
             .filter(|(p, _)| *p != self.rank)
             .map(|(peer, slot)| Recv {
                 peer,
-                into: Into::Exact(bytes_mut(slot)),
+                into: Sink::Exact(bytes_mut(slot)),
             })
             .collect()
     }
@@ -138,7 +138,7 @@ impl NetGroup {
             let mut mine_from = pieces(&mut parts, std::iter::repeat_n(len, w));
             let sends = self
                 .peers()
-                .map(|peer| Send {
+                .map(|peer| Outgoing {
                     peer,
                     data: bytes(&buf[segment(n, w, peer)]),
                 })
@@ -165,13 +165,13 @@ impl NetGroup {
             let recv = segment(n, w, (r + 2 * w - step - 1) % w);
             let (s, d) = split(buf, send, recv);
             c.exchange(
-                vec![Send {
+                vec![Outgoing {
                     peer: self.next(),
                     data: bytes(s),
                 }],
                 vec![Recv {
                     peer: self.prev(),
-                    into: Into::Add(d),
+                    into: Sink::Add(d),
                 }],
             )?;
         }
@@ -187,13 +187,13 @@ impl NetGroup {
             let recv = segment(n, w, (r + offset + 2 * w - step - 1) % w);
             let (s, d) = split(buf, send, recv);
             c.exchange(
-                vec![Send {
+                vec![Outgoing {
                     peer: self.next(),
                     data: bytes(s),
                 }],
                 vec![Recv {
                     peer: self.prev(),
-                    into: Into::Exact(bytes_mut(d)),
+                    into: Sink::Exact(bytes_mut(d)),
                 }],
             )?;
         }
@@ -237,7 +237,7 @@ impl NetGroup {
             recv[self.rank].clone_from(&send[self.rank]);
             let sends = self
                 .peers()
-                .map(|peer| Send {
+                .map(|peer| Outgoing {
                     peer,
                     data: bytes(&send[peer]),
                 })
@@ -248,7 +248,7 @@ impl NetGroup {
                 .filter(|(p, _)| *p != self.rank)
                 .map(|(peer, v)| Recv {
                     peer,
-                    into: Into::F32s(v),
+                    into: Sink::F32s(v),
                 })
                 .collect();
             c.exchange(sends, recvs)
@@ -274,7 +274,7 @@ impl NetGroup {
                         vec![],
                         vec![Recv {
                             peer: real(v - mask),
-                            into: Into::Bytes(buf),
+                            into: Sink::Bytes(buf),
                         }],
                     )?;
                     break;
@@ -292,7 +292,7 @@ impl NetGroup {
             }
             let sends = children
                 .into_iter()
-                .map(|peer| Send {
+                .map(|peer| Outgoing {
                     peer,
                     data: buf.as_slice(),
                 })

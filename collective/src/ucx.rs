@@ -8,7 +8,7 @@
 //! A tag is `seq << 32 | op << 24 | source rank`. Receives probe by sequence number and source
 //! only, so a peer in a different operation is reported as such instead of never matching.
 
-use std::ffi::{c_void, CStr};
+use std::ffi::c_void;
 use std::os::fd::AsRawFd;
 use std::ptr::null_mut;
 use std::time::{Duration, Instant};
@@ -16,8 +16,10 @@ use std::time::{Duration, Instant};
 use cleave_engine::collective::CollectiveError;
 use cleave_ucx_sys as sys;
 
-use crate::wire::{Call, Into, Recv, Send};
+use crate::wire::{Call, Outgoing, Recv, Sink};
 use crate::GroupError;
+use sys::status::of_ptr as ptr_status;
+use sys::status::text as status_text;
 
 const TAG_MATCH: u64 = 0xFFFF_FFFF_00FF_FFFF;
 /// How long a call keeps going after a peer's control connection closed.
@@ -29,13 +31,6 @@ const PROGRESS_PASSES: usize = 256;
 
 fn tag(seq: u32, op: u8, src: usize) -> u64 {
     (seq as u64) << 32 | (op as u64) << 24 | src as u64
-}
-
-fn status_text(status: sys::ucs_status_t) -> String {
-    // SAFETY: ucs_status_string returns a static NUL-terminated string for any status.
-    unsafe { CStr::from_ptr(sys::ucs_status_string(status)) }
-        .to_string_lossy()
-        .into_owned()
 }
 
 fn call_error(call: &str, status: sys::ucs_status_t) -> GroupError {
@@ -54,12 +49,6 @@ fn check(call: &str, status: sys::ucs_status_t) -> Result<(), GroupError> {
 /// handler installed to report them that way instead of logging errors.
 unsafe extern "C" fn on_ep_error(_arg: *mut c_void, _ep: sys::ucp_ep_h, status: sys::ucs_status_t) {
     tracing::debug!(status = %status_text(status), "UCX endpoint failed");
-}
-
-/// UCS_PTR_IS_ERR / UCS_PTR_STATUS: a status pointer is a request, NULL (done) or an error.
-fn ptr_status(ptr: *mut c_void) -> Option<sys::ucs_status_t> {
-    let last = sys::ucs_status_t::UCS_ERR_LAST.0 as isize as usize;
-    ((ptr as usize) >= last).then_some(sys::ucs_status_t(ptr as isize as _))
 }
 
 /// One rank's UCX context, worker and endpoints. Used only inside a call, which the group's
@@ -159,7 +148,7 @@ impl Ucx {
     pub(crate) fn exchange(
         &self,
         c: &Call,
-        sends: Vec<Send<'_>>,
+        sends: Vec<Outgoing<'_>>,
         recvs: Vec<Recv<'_>>,
     ) -> Result<(), CollectiveError> {
         // The buffers receives land in (the caller's, and `Add` scratch owned by `wants`) must
@@ -185,7 +174,7 @@ impl Ucx {
         drop(ops);
         res?;
         for w in wants {
-            if let Into::Add(dst) = w.into {
+            if let Sink::Add(dst) = w.into {
                 for (d, b) in dst.iter_mut().zip(w.scratch.chunks_exact(4)) {
                     *d += f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
                 }
@@ -198,7 +187,7 @@ impl Ucx {
         &self,
         c: &Call,
         ops: &mut Pending,
-        sends: &[Send<'_>],
+        sends: &[Outgoing<'_>],
         wants: &mut [Want<'_>],
     ) -> Result<(), CollectiveError> {
         let me = self.eps.iter().position(|e| e.is_null()).unwrap_or(0);
@@ -325,7 +314,7 @@ impl Ucx {
 /// A message this rank expects in an exchange, and where it goes.
 struct Want<'b> {
     peer: usize,
-    into: Into<'b>,
+    into: Sink<'b>,
     /// `Add`: the bytes, added once everything arrived. Written by UCX while the receive is in
     /// flight, so it must outlive the request.
     scratch: Vec<u8>,

@@ -57,13 +57,13 @@ fn header(op: Op, seq: u32, len: usize) -> [u8; HEADER] {
 }
 
 /// A message for `peer`.
-pub(crate) struct Send<'a> {
+pub(crate) struct Outgoing<'a> {
     pub peer: usize,
     pub data: &'a [u8],
 }
 
 /// Where a message from a peer goes.
-pub(crate) enum Into<'a> {
+pub(crate) enum Sink<'a> {
     /// Exactly this many bytes.
     Exact(&'a mut [u8]),
     /// Exactly `len` floats, added element-wise to the slice as they arrive.
@@ -77,7 +77,7 @@ pub(crate) enum Into<'a> {
 /// A message expected from `peer`.
 pub(crate) struct Recv<'a> {
     pub peer: usize,
-    pub into: Into<'a>,
+    pub into: Sink<'a>,
 }
 
 struct SendState<'a> {
@@ -95,7 +95,7 @@ impl SendState<'_> {
 
 struct RecvState<'a> {
     peer: usize,
-    into: Into<'a>,
+    into: Sink<'a>,
     header: [u8; HEADER],
     hpos: usize,
     /// Payload length once the header is in.
@@ -144,7 +144,7 @@ impl Call<'_> {
     /// receive per peer.
     pub(crate) fn exchange(
         &self,
-        sends: Vec<Send<'_>>,
+        sends: Vec<Outgoing<'_>>,
         recvs: Vec<Recv<'_>>,
     ) -> Result<(), CollectiveError> {
         #[cfg(have_ucx)]
@@ -274,12 +274,12 @@ impl Call<'_> {
             } else {
                 let left = r.len - r.pos;
                 match &mut r.into {
-                    Into::Exact(buf) => stream.read(&mut buf[r.pos..]),
-                    Into::Bytes(buf) => stream.read(&mut buf[r.pos..]),
-                    Into::F32s(v) => {
+                    Sink::Exact(buf) => stream.read(&mut buf[r.pos..]),
+                    Sink::Bytes(buf) => stream.read(&mut buf[r.pos..]),
+                    Sink::F32s(v) => {
                         stream.read(&mut bytemuck::cast_slice_mut(v.as_mut_slice())[r.pos..])
                     }
-                    Into::Add(_) => {
+                    Sink::Add(_) => {
                         let end = (r.fill + left).min(ADD_SCRATCH);
                         stream.read(&mut r.scratch[r.fill..end])
                     }
@@ -299,7 +299,7 @@ impl Call<'_> {
                 }
             } else {
                 r.pos += n;
-                if let Into::Add(dst) = &mut r.into {
+                if let Sink::Add(dst) = &mut r.into {
                     r.fill += n;
                     let whole = r.fill / 4 * 4;
                     let first = (r.pos - r.fill) / 4;
@@ -339,7 +339,7 @@ impl Call<'_> {
         }
         let len = len as usize;
         self.fit(r.peer, len, &mut r.into)?;
-        if let Into::Add(_) = r.into {
+        if let Sink::Add(_) = r.into {
             r.scratch = vec![0; ADD_SCRATCH.min(len.max(4))];
         }
         r.len = len;
@@ -347,7 +347,7 @@ impl Call<'_> {
     }
 
     /// Checks that a `len`-byte message from `peer` fits `into`, resizing growable targets.
-    fn fit(&self, peer: usize, len: usize, into: &mut Into) -> Result<(), CollectiveError> {
+    fn fit(&self, peer: usize, len: usize, into: &mut Sink) -> Result<(), CollectiveError> {
         let mismatch = |want: usize| {
             CollectiveError::Invalid(format!(
                 "{}: rank {peer} sent {len} bytes, this rank expected {want}",
@@ -355,20 +355,20 @@ impl Call<'_> {
             ))
         };
         match into {
-            Into::Exact(buf) if buf.len() != len => return Err(mismatch(buf.len())),
-            Into::Add(dst) if dst.len() * 4 != len => return Err(mismatch(dst.len() * 4)),
-            Into::F32s(v) => {
+            Sink::Exact(buf) if buf.len() != len => return Err(mismatch(buf.len())),
+            Sink::Add(dst) if dst.len() * 4 != len => return Err(mismatch(dst.len() * 4)),
+            Sink::F32s(v) => {
                 if !len.is_multiple_of(4) {
                     return Err(mismatch(len / 4 * 4));
                 }
                 v.clear();
                 v.resize(len / 4, 0.0);
             }
-            Into::Bytes(v) => {
+            Sink::Bytes(v) => {
                 v.clear();
                 v.resize(len, 0);
             }
-            Into::Exact(_) | Into::Add(_) => {}
+            Sink::Exact(_) | Sink::Add(_) => {}
         }
         Ok(())
     }
@@ -382,7 +382,7 @@ impl Call<'_> {
         peer: usize,
         op: u8,
         len: usize,
-        into: &mut Into,
+        into: &mut Sink,
         scratch: &mut Vec<u8>,
     ) -> Result<(*mut u8, usize), CollectiveError> {
         if op != self.op as u8 {
@@ -395,14 +395,14 @@ impl Call<'_> {
         }
         self.fit(peer, len, into)?;
         Ok(match into {
-            Into::Exact(buf) => (buf.as_mut_ptr(), len),
-            Into::Add(_) => {
+            Sink::Exact(buf) => (buf.as_mut_ptr(), len),
+            Sink::Add(_) => {
                 scratch.clear();
                 scratch.resize(len, 0);
                 (scratch.as_mut_ptr(), len)
             }
-            Into::F32s(v) => (v.as_mut_ptr() as *mut u8, len),
-            Into::Bytes(v) => (v.as_mut_ptr(), len),
+            Sink::F32s(v) => (v.as_mut_ptr() as *mut u8, len),
+            Sink::Bytes(v) => (v.as_mut_ptr(), len),
         })
     }
 }

@@ -10,10 +10,11 @@ use crate::transport::tcp::Direction;
 use crate::{Error, RegionHandle, Run};
 use cleave_ucx_sys as sys;
 use std::collections::HashMap;
-use std::ffi::{c_void, CStr};
+use std::ffi::c_void;
 use std::ptr::{null_mut, NonNull};
 use std::sync::mpsc;
 use std::thread::{JoinHandle, ThreadId};
+use sys::status::of_ptr as ptr_status;
 use tokio::sync::oneshot;
 
 /// Memory the worker allocated and registered.
@@ -150,11 +151,9 @@ struct State {
 }
 
 fn status_error(call: &'static str, status: sys::ucs_status_t) -> Error {
-    // SAFETY: ucs_status_string returns a static NUL-terminated string for any status.
-    let text = unsafe { CStr::from_ptr(sys::ucs_status_string(status)) };
     Error::Ucx {
         call,
-        status: text.to_string_lossy().into_owned(),
+        status: sys::status::text(status),
     }
 }
 
@@ -164,12 +163,6 @@ fn check(call: &'static str, status: sys::ucs_status_t) -> Result<(), Error> {
     } else {
         Err(status_error(call, status))
     }
-}
-
-/// UCS_PTR_IS_ERR / UCS_PTR_STATUS: a status pointer is a request, NULL (done) or an error.
-fn ptr_status(ptr: *mut c_void) -> Option<sys::ucs_status_t> {
-    let last = sys::ucs_status_t::UCS_ERR_LAST.0 as isize as usize;
-    ((ptr as usize) >= last).then_some(sys::ucs_status_t(ptr as isize as _))
 }
 
 impl State {
