@@ -21,6 +21,7 @@
 
 pub mod config;
 pub mod convert;
+pub mod duration;
 pub mod follower;
 pub mod group;
 pub mod kv_addr;
