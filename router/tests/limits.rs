@@ -31,7 +31,7 @@ impl Reply {
 }
 
 async fn post(router: &Router, key: Option<&str>, body: String) -> Reply {
-    let mut req = reqwest::Client::new()
+    let mut req = client()
         .post(format!("http://{}/v1/chat/completions", router.addr()))
         .header("content-type", "application/json")
         .body(body);
@@ -44,6 +44,14 @@ async fn post(router: &Router, key: Option<&str>, body: String) -> Reply {
         headers: resp.headers().clone(),
         body: resp.text().await.unwrap(),
     }
+}
+
+/// A client whose requests fail instead of hanging when a request is wrongly held.
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(support::PATIENCE)
+        .build()
+        .unwrap()
 }
 
 async fn metrics(router: &Router) -> String {
@@ -179,7 +187,7 @@ async fn a_concurrency_cap_refuses_a_second_request_while_the_first_streams() {
     let keys_flag = keys.display().to_string();
     let router = Router::start(&model, &decode, &["--api-keys-file", &keys_flag]).await;
     let url = format!("http://{}/v1/chat/completions", router.addr());
-    let client = reqwest::Client::new();
+    let client = client();
     let stream = |key: &'static str| {
         client
             .post(&url)

@@ -137,7 +137,7 @@ async fn reload_keeps_the_window_and_applies_new_limits() {
     let k = Keys::load(&path, None).unwrap();
     let e = k.find("sk").unwrap();
     let held = e.admit().unwrap();
-    assert_eq!(k.reload().unwrap(), false, "unchanged file");
+    assert!(!k.reload().unwrap(), "unchanged file");
     std::fs::write(&path, "sk rpm=3 concurrency=1\n").unwrap();
     assert!(k.reload().unwrap());
     assert!(k.find("sk-gone").is_none());
@@ -152,7 +152,7 @@ async fn reload_keeps_the_window_and_applies_new_limits() {
     std::fs::write(&path, "sk rpm=-1\n").unwrap();
     assert!(k.reload().is_err());
     assert!(k.find("sk").is_some());
-    assert_eq!(k.reload().unwrap(), false, "reported once");
+    assert!(!k.reload().unwrap(), "reported once");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

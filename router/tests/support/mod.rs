@@ -31,14 +31,14 @@ struct Fake {
     gate: watch::Receiver<bool>,
 }
 
-fn token(id: u32, text: &str) -> Result<pb::GenerateEvent, Status> {
-    Ok(pb::GenerateEvent {
+fn token(id: u32, text: &str) -> pb::GenerateEvent {
+    pb::GenerateEvent {
         event: Some(pb::generate_event::Event::Token(pb::Token {
             id,
             text: text.into(),
             ..Default::default()
         })),
-    })
+    }
 }
 
 #[tonic::async_trait]
@@ -54,10 +54,10 @@ impl DecodeWorker for Fake {
         let mut gate = self.gate.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         tokio::spawn(async move {
-            let _ = tx.send(token(42, "ok")).await;
+            let _ = tx.send(Ok(token(42, "ok"))).await;
             // An error means the test dropped the gate: open.
             let _ = gate.wait_for(|open| *open).await;
-            let _ = tx.send(token(42, " ok")).await;
+            let _ = tx.send(Ok(token(42, " ok"))).await;
             let finished = pb::GenerateEvent {
                 event: Some(pb::generate_event::Event::Finished(pb::Finished {
                     reason: "length".into(),
