@@ -54,6 +54,16 @@ pub struct UpArgs {
     /// Transport of the collectives inside each group: tcp or ucx.
     #[arg(long, default_value = "tcp")]
     pub group_transport: String,
+    /// Serve the API over HTTPS with this PEM certificate chain (with `--tls-key`; passed to
+    /// the router, docs/security.md). Default: plain HTTP on loopback.
+    #[arg(long)]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of `--tls-cert`.
+    #[arg(long)]
+    pub tls_key: Option<PathBuf>,
+    /// Require client certificates from these PEM CA certificates (mutual TLS).
+    #[arg(long)]
+    pub tls_client_ca: Option<PathBuf>,
 }
 
 impl UpArgs {
@@ -245,6 +255,16 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
     .iter()
     .map(|s| s.to_string())
     .collect();
+    for (flag, file) in [
+        ("--tls-cert", &args.tls_cert),
+        ("--tls-key", &args.tls_key),
+        ("--tls-client-ca", &args.tls_client_ca),
+    ] {
+        if let Some(f) = file {
+            router_args.extend([flag.to_string(), f.display().to_string()]);
+        }
+    }
+    let tls = args.tls_cert.is_some();
     let mut groups = Vec::new();
     for (role, n) in [("prefill", args.prefill), ("decode", args.decode)] {
         for i in 0..n {
@@ -283,9 +303,15 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         .as_str()
         .context("router printed no address")?
         .to_string();
-    wait_ready(&format!("http://{http}/ready"), Duration::from_secs(60))?;
+    // The router answers once it listens; over HTTPS its readiness is not probed here (that
+    // would need a client trusting its certificate), so the first requests may get a 503
+    // until it has seen a decode worker.
+    if !tls {
+        wait_ready(&format!("http://{http}/ready"), Duration::from_secs(60))?;
+    }
+    let scheme = if tls { "https" } else { "http" };
     println!(
-        "cleave is up: http://{http}/v1 (model {model}; {} prefill, {} decode, {} processes each \
+        "cleave is up: {scheme}://{http}/v1 (model {model}; {} prefill, {} decode, {} processes each \
          ({}); Ctrl-C stops it)",
         args.prefill,
         args.decode,

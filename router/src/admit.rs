@@ -5,6 +5,11 @@
 //! overload turns into 429s with `Retry-After` instead of an unbounded queue. Each admitted
 //! request gets a [`Permit`] (held until its response is fully sent or dropped) with the
 //! deadline of the whole request.
+//!
+//! An API key's own limits ([`crate::keys`]) are checked before a request joins the queue
+//! (concurrency, requests per minute) and once it is tokenized (tokens per minute); the
+//! key's [`KeyLease`] then travels in the [`Permit`], which settles the token reservation to
+//! the request's usage ([`Permit::settle`]) and frees the key's slot with its own.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -14,6 +19,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
+
+use crate::keys::KeyLease;
 
 /// Admission limits.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -58,12 +65,31 @@ pub enum Rejected {
 pub struct Permit {
     _slot: OwnedSemaphorePermit,
     deadline: Option<Instant>,
+    key: Option<KeyLease>,
 }
 
 impl Permit {
     /// When the whole request must be done, if it has a deadline.
     pub fn deadline(&self) -> Option<Instant> {
         self.deadline
+    }
+
+    /// Attaches the request's API-key lease (held, and freed, with the permit).
+    pub fn attach_key(&mut self, lease: KeyLease) {
+        self.key = Some(lease);
+    }
+
+    /// The request's API-key lease, if its key has one.
+    pub fn key_mut(&mut self) -> Option<&mut KeyLease> {
+        self.key.as_mut()
+    }
+
+    /// The request ended with `tokens` used (prompt + completion): settles its key's token
+    /// reservation, if any.
+    pub fn settle(&mut self, tokens: u64) {
+        if let Some(k) = self.key.as_mut() {
+            k.settle(tokens);
+        }
     }
 }
 
@@ -124,6 +150,7 @@ impl Admission {
             return Ok(Permit {
                 _slot: slot,
                 deadline,
+                key: None,
             });
         }
         let claimed = inner
@@ -144,6 +171,7 @@ impl Admission {
             Ok(Ok(slot)) => Ok(Permit {
                 _slot: slot,
                 deadline,
+                key: None,
             }),
             // The semaphore is never closed; treat it like a timeout if it ever is.
             Ok(Err(_)) | Err(_) => Err(Rejected::QueueTimeout),

@@ -23,7 +23,6 @@ pub mod structured;
 pub mod toolparse;
 pub mod tools;
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
@@ -60,8 +59,8 @@ pub struct ApiState {
     pub max_context: usize,
     /// Compiles output constraints (JSON schemas, grammars) to check them before placing.
     pub grammars: Arc<LazyGrammars>,
-    /// Accepted bearer tokens; `None` disables authentication.
-    pub api_keys: Option<HashSet<String>>,
+    /// Accepted bearer tokens and their limits; `None` disables authentication.
+    pub api_keys: Option<Arc<crate::keys::Keys>>,
     /// In-flight and queue limits, and each request's deadline.
     pub admission: Admission,
     /// The router's metrics (registered in `registry`).
@@ -140,14 +139,19 @@ async fn run(
     body: Result<Bytes, BytesRejection>,
     arrived: Instant,
 ) -> Result<Response, ApiError> {
-    authorize(s, headers)?;
+    let key = authorize(s, headers)?;
     let traceparent = client_traceparent(headers);
     // When spans are exported the workers continue the `api` span itself.
     let exported = cleave_telemetry::traceparent_of(&tracing::Span::current());
     let body = body.map_err(|r| ApiError::bad_request(r.body_text()))?;
     let req = prepare::parse_body(&body)?;
     let (mut job, input, max_tokens) = prepare::validate(endpoint, req, s.backend.model_name())?;
-    let permit = s
+    // The key's own concurrency and request limits come before the shared queue.
+    let lease = match &key {
+        Some(k) => Some(k.admit().map_err(ApiError::key_limited)?),
+        None => None,
+    };
+    let mut permit = s
         .admission
         .admit()
         .instrument(tracing::debug_span!("admit"))
@@ -156,6 +160,9 @@ async fn run(
             tracing::debug!(%rejected, "request refused by admission");
             ApiError::RateLimited
         })?;
+    if let Some(lease) = lease {
+        permit.attach_key(lease);
+    }
     let deadline = permit.deadline();
     let work = async move {
         let t = Tokenize {
@@ -175,6 +182,15 @@ async fn run(
         })
         .await
         .map_err(|e| ApiError::Internal(format!("tokenizer task failed: {e}")))??;
+        let limits = match permit.key_mut() {
+            Some(lease) => {
+                lease
+                    .reserve_tokens(reserved_tokens(&job))
+                    .map_err(ApiError::key_limited)?;
+                Some(lease.status())
+            }
+            None => None,
+        };
         let meta = Meta::new(
             endpoint,
             s.backend.model_name(),
@@ -186,17 +202,24 @@ async fn run(
             None => meta,
         };
         let streams = generate::start(&*s.backend, &job, &meta).await?;
-        if job.stream {
-            Ok(stream_response(s, meta, &job, streams, permit, arrived))
+        let mut resp = if job.stream {
+            stream_response(s, meta, &job, streams, permit, arrived)
         } else {
             let value =
                 generate::collect(streams, &job, &meta, &s.tokenizer, &s.metrics, arrived).await?;
+            if let Some(used) = value["usage"]["total_tokens"].as_u64() {
+                permit.settle(used);
+            }
             drop(permit);
             s.metrics
                 .e2e_request_latency
                 .observe(arrived.elapsed().as_secs_f64());
-            Ok(Json(value).into_response())
+            Json(value).into_response()
+        };
+        if let Some(limits) = limits {
+            limits.apply(resp.headers_mut());
         }
+        Ok(resp)
     };
     match deadline {
         Some(d) => tokio::time::timeout_at(d, work)
@@ -233,10 +256,23 @@ fn stream_response(
     resp
 }
 
-/// Checks `Authorization: Bearer <key>` when keys are configured.
-fn authorize(s: &ApiState, headers: &HeaderMap) -> Result<(), ApiError> {
+/// What a request reserves from its key's tokens per minute: every prompt once, and
+/// `max_tokens` for each of its choices (settled to the usage when it ends).
+fn reserved_tokens(job: &prepare::Job) -> u64 {
+    job.prompts
+        .iter()
+        .map(|p| (p.tokens.len() + job.n * p.max_tokens) as u64)
+        .sum()
+}
+
+/// Checks `Authorization: Bearer <key>` when keys are configured; the key's entry (its
+/// limits) when it is one.
+fn authorize(
+    s: &ApiState,
+    headers: &HeaderMap,
+) -> Result<Option<Arc<crate::keys::KeyEntry>>, ApiError> {
     let Some(keys) = &s.api_keys else {
-        return Ok(());
+        return Ok(None);
     };
     let presented = headers
         .get(header::AUTHORIZATION)
@@ -245,9 +281,9 @@ fn authorize(s: &ApiState, headers: &HeaderMap) -> Result<(), ApiError> {
             let (scheme, key) = v.split_once(' ')?;
             scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
         });
-    match presented {
-        Some(key) if keys.contains(key) => Ok(()),
-        _ => Err(ApiError::Unauthorized),
+    match presented.and_then(|k| keys.find(k)) {
+        Some(entry) => Ok(Some(entry)),
+        None => Err(ApiError::Unauthorized),
     }
 }
 

@@ -39,9 +39,30 @@ pub struct RouterConfig {
     /// decode worker; shorter prompts are prefilled where they decode.
     #[arg(long, env = "CLEAVE_DISAGG_MIN_UNCACHED_BLOCKS", default_value_t = 9)]
     pub disagg_min_uncached_blocks: usize,
-    /// A file with one accepted API key per line (enables `Authorization: Bearer` checks).
+    /// A file with one accepted API key per line, each optionally followed by its limits
+    /// (`KEY rpm=N tpm=N concurrency=N name=LABEL`, docs/security.md); enables
+    /// `Authorization: Bearer` checks. Reloaded when it changes.
     #[arg(long, env = "CLEAVE_API_KEYS_FILE")]
     pub api_keys_file: Option<PathBuf>,
+    /// Per-API-key request, token and rate-limit counters (a `key` label per key: opt in only
+    /// when the number of keys is bounded).
+    #[arg(long, env = "CLEAVE_KEY_METRICS")]
+    pub key_metrics: bool,
+    /// Serve the OpenAI API over HTTPS with this PEM certificate chain (with `--tls-key`);
+    /// default: plain HTTP. Reloaded when the file changes.
+    #[arg(long, env = "CLEAVE_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of `--tls-cert`.
+    #[arg(long, env = "CLEAVE_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// Require client certificates issued by these PEM CA certificates (mutual TLS; needs
+    /// `--tls-cert`).
+    #[arg(long, env = "CLEAVE_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// How often the TLS files and the API keys file are read again for changes (a SIGHUP
+    /// rereads them at once).
+    #[arg(long, env = "CLEAVE_RELOAD_INTERVAL", value_parser = parse_secs, default_value = "10")]
+    pub reload_interval: Duration,
     /// Requests running at once.
     #[arg(long, env = "CLEAVE_MAX_IN_FLIGHT", default_value_t = 64)]
     pub max_in_flight: usize,
@@ -141,8 +162,27 @@ impl RouterConfig {
             .collect()
     }
 
+    /// The TLS files of the OpenAI endpoint, `None` for plain HTTP; an error when only part
+    /// of them is given.
+    pub fn tls_files(&self) -> Result<Option<crate::tls::TlsFiles>, String> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Ok(Some(crate::tls::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: self.tls_client_ca.clone(),
+            })),
+            (Some(_), None) => Err("--tls-cert needs --tls-key".into()),
+            (None, Some(_)) => Err("--tls-key needs --tls-cert".into()),
+            (None, None) if self.tls_client_ca.is_some() => {
+                Err("--tls-client-ca needs --tls-cert and --tls-key".into())
+            }
+            (None, None) => Ok(None),
+        }
+    }
+
     /// Checks that some source of decode workers is configured, and completely.
     pub fn validate(&self) -> Result<(), String> {
+        self.tls_files()?;
         if self.kv_events.is_some() {
             if self.kv_events_pods.is_empty() {
                 return Err("--kv-events needs at least one --kv-events-pod".into());
@@ -253,6 +293,21 @@ mod tests {
             .unwrap_err()
             .contains("--discovery kubernetes"));
         assert!(Cli::try_parse_from(["router", "--model", "m", "--discovery", "consul"]).is_err());
+    }
+
+    #[test]
+    fn tls_flags_come_in_pairs() {
+        let d = ["--decode", "http://d:1"];
+        assert_eq!(parse(&d).tls_files(), Ok(None));
+        let tls = parse(&[&d[..], &["--tls-cert", "c.pem", "--tls-key", "k.pem"]].concat());
+        let files = tls.tls_files().unwrap().expect("TLS on");
+        assert_eq!(files.cert, PathBuf::from("c.pem"));
+        assert_eq!(files.client_ca, None);
+        assert_eq!(tls.reload_interval, Duration::from_secs(10));
+        let half = parse(&[&d[..], &["--tls-cert", "c.pem"]].concat()).validate();
+        assert!(half.unwrap_err().contains("--tls-key"));
+        let ca_only = parse(&[&d[..], &["--tls-client-ca", "ca.pem"]].concat()).validate();
+        assert!(ca_only.unwrap_err().contains("--tls-cert"));
     }
 
     #[test]

@@ -4,7 +4,10 @@
 //! - [`api`]: the OpenAI-compatible HTTP front (axum): validation, tokenization, JSON and SSE
 //!   responses, OpenAI-shaped errors, `/health`, `/ready`, `/metrics`; it reaches the rest of
 //!   the router through the [`api::backend::Backend`] trait.
-//! - [`admit`]: bounded in-flight and queue limits and the per-request deadline.
+//! - [`admit`]: bounded in-flight and queue limits and the per-request deadline; [`keys`]:
+//!   the API keys and their per-key limits (requests and tokens per minute, concurrency).
+//! - [`tls`]: HTTPS on the OpenAI endpoint (rustls, ALPN h2/http1.1, optional client
+//!   certificates, certificate reload without restart).
 //! - [`place`]: the [`place::Policy`] trait and its policies (`prefix-load`, the default, plus
 //!   `round-robin`, `least-load`, `random` as baselines), the router's view of worker load with
 //!   optimistic accounting ([`place::WorkerView`]), and the typed result [`place::Placement`].
@@ -32,7 +35,9 @@ pub mod discovery;
 pub mod dispatch;
 pub mod epp;
 pub mod events;
+pub mod keys;
 pub mod place;
 pub mod serve;
 pub mod sim;
+pub mod tls;
 pub mod watch;

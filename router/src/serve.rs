@@ -1,9 +1,13 @@
 //! Starting the router: tokenizer and template from the GGUF, the cluster from discovery, the
-//! dispatcher, admission, metrics, and the HTTP server.
+//! dispatcher, admission, metrics, and the HTTP server (plain, or HTTPS with [`crate::tls`]).
+//!
+//! The TLS files and the API keys file are reread every `--reload-interval` and on `SIGHUP`
+//! by one reload task; either takes effect only when a file's contents changed and load
+//! (docs/security.md).
 
-use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use cleave_engine::load::ModelText;
@@ -18,7 +22,9 @@ use crate::discovery::etcd::Etcd;
 use crate::discovery::kube::Kube;
 use crate::discovery::{Discovery, Static};
 use crate::dispatch::{Cluster, Dispatcher};
+use crate::keys::{KeyMetrics, Keys};
 use crate::place::{PlaceConfig, Role};
+use crate::tls::TlsReloader;
 
 /// A started router.
 pub struct Running {
@@ -28,6 +34,10 @@ pub struct Running {
     pub cluster: Arc<Cluster>,
     /// Ends when the server stops.
     pub task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    /// The TLS identity when serving HTTPS (tests watch its reloads).
+    pub tls: Option<Arc<TlsReloader>>,
+    /// The API keys when `--api-keys-file` is set (tests watch their reloads).
+    pub keys: Option<Arc<Keys>>,
 }
 
 /// Starts the router until `shutdown`; returns once it listens.
@@ -39,24 +49,21 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
         .served_model_name
         .clone()
         .unwrap_or_else(|| default_model_name(&config.model));
+    let mut registry = Registry::default();
+    let metrics = Arc::new(RouterMetrics::new(&mut registry));
     let api_keys = match &config.api_keys_file {
         None => None,
         Some(p) => {
-            let text =
-                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
-            let keys: HashSet<String> = text
-                .lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .map(String::from)
-                .collect();
-            anyhow::ensure!(!keys.is_empty(), "{} holds no API keys", p.display());
-            Some(keys)
+            let key_metrics = config.key_metrics.then(|| KeyMetrics::new(&mut registry));
+            let keys = Keys::load(p, key_metrics).context("--api-keys-file")?;
+            tracing::info!(keys = keys.len(), file = %p.display(), "API keys loaded");
+            Some(Arc::new(keys))
         }
     };
-
-    let mut registry = Registry::default();
-    let metrics = Arc::new(RouterMetrics::new(&mut registry));
+    let tls = match config.tls_files().map_err(anyhow::Error::msg)? {
+        None => None,
+        Some(files) => Some(Arc::new(TlsReloader::load(files).context("TLS")?)),
+    };
     let cluster = Arc::new(Cluster::default());
     let mut workers: Vec<(Role, String)> = config
         .prefill
@@ -125,7 +132,7 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
         tokenizer,
         template,
         max_context,
-        api_keys,
+        api_keys: api_keys.clone(),
         admission,
         metrics,
         registry: Arc::new(registry),
@@ -134,19 +141,91 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
         .await
         .context("binding the API address")?;
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, policy = ?config.policy, "router listening");
+    tracing::info!(%addr, policy = ?config.policy, https = tls.is_some(), "router listening");
     let app = crate::api::router(state);
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown.cancelled_owned())
-            .await?;
-        Ok(())
-    });
+    spawn_reloads(
+        tls.clone(),
+        api_keys.clone(),
+        config.reload_interval,
+        shutdown.clone(),
+    );
+    let task = match tls.clone() {
+        Some(tls) => tokio::spawn(async move {
+            crate::tls::serve(listener, app, tls, shutdown).await?;
+            Ok(())
+        }),
+        None => tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .await?;
+            Ok(())
+        }),
+    };
     Ok(Running {
         addr,
         cluster,
         task,
+        tls,
+        keys: api_keys,
     })
+}
+
+/// Rereads the TLS files and the API keys file every `every` and on `SIGHUP`, until
+/// `shutdown`. A file that changed but does not load is logged; what was in force stays.
+fn spawn_reloads(
+    tls: Option<Arc<TlsReloader>>,
+    keys: Option<Arc<Keys>>,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
+    if tls.is_none() && keys.is_none() {
+        return;
+    }
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        let mut hangup =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            let signalled = async {
+                #[cfg(unix)]
+                if let Some(h) = hangup.as_mut() {
+                    h.recv().await;
+                    return;
+                }
+                std::future::pending::<()>().await
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                _ = tick.tick() => {}
+                _ = signalled => tracing::info!("SIGHUP: rereading the TLS and API key files"),
+            }
+            let (tls, keys) = (tls.clone(), keys.clone());
+            // Small files, but file IO all the same: off the async threads.
+            let done = tokio::task::spawn_blocking(move || {
+                if let Some(t) = tls {
+                    match t.reload() {
+                        Ok(true) => tracing::info!(cert = %t.files().cert.display(), "TLS certificate reloaded"),
+                        Ok(false) => {}
+                        Err(e) => tracing::warn!(error = %format!("{:#}", anyhow::Error::from(e)), "TLS files changed but do not load; the previous certificate stays in force"),
+                    }
+                }
+                if let Some(k) = keys {
+                    match k.reload() {
+                        Ok(true) => tracing::info!(keys = k.len(), "API keys reloaded"),
+                        Ok(false) => {}
+                        Err(e) => tracing::warn!(error = %format!("{:#}", anyhow::Error::from(e)), "API keys file changed but does not load; the previous keys stay in force"),
+                    }
+                }
+            })
+            .await;
+            if let Err(e) = done {
+                tracing::error!(error = %e, "reload task failed");
+            }
+        }
+    });
 }
 
 /// Serves until Ctrl-C or SIGTERM, printing `{"http":"addr"}` on stdout once listening.
@@ -162,7 +241,11 @@ pub fn serve_until_signal(config: RouterConfig) -> anyhow::Result<()> {
     rt.block_on(async move {
         let shutdown = CancellationToken::new();
         let running = run(config, shutdown.clone()).await?;
-        println!("{{\"http\":\"{}\"}}", running.addr);
+        if running.tls.is_some() {
+            println!("{{\"http\":\"{}\",\"tls\":true}}", running.addr);
+        } else {
+            println!("{{\"http\":\"{}\"}}", running.addr);
+        }
         cleave_telemetry::cancel_on_signal(shutdown);
         running.task.await?
     })

@@ -36,6 +36,10 @@ pub enum ApiError {
     /// Admission refused the request: queue full or queue wait too long (429).
     #[error("the server is at capacity; retry the request shortly")]
     RateLimited,
+    /// One of the API key's own limits refused the request (429 with `Retry-After` and the
+    /// `x-ratelimit-*` headers).
+    #[error("{0}")]
+    KeyLimited(Box<crate::keys::Limited>),
     /// The request ran past its deadline (504).
     #[error("the request timed out")]
     Timeout,
@@ -75,13 +79,18 @@ impl ApiError {
         }
     }
 
+    /// A refusal by the key's own limits.
+    pub fn key_limited(limited: crate::keys::Limited) -> Self {
+        ApiError::KeyLimited(Box::new(limited))
+    }
+
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::ModelNotFound(_) | ApiError::UnknownRoute => StatusCode::NOT_FOUND,
-            ApiError::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::RateLimited | ApiError::KeyLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Timeout => StatusCode::GATEWAY_TIMEOUT,
             ApiError::NoWorkers | ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -94,7 +103,7 @@ impl ApiError {
             ApiError::InvalidRequest { .. } => StatusClass::BadRequest,
             ApiError::Unauthorized => StatusClass::Unauthorized,
             ApiError::ModelNotFound(_) | ApiError::UnknownRoute => StatusClass::NotFound,
-            ApiError::RateLimited => StatusClass::RateLimited,
+            ApiError::RateLimited | ApiError::KeyLimited(_) => StatusClass::RateLimited,
             ApiError::Timeout => StatusClass::Timeout,
             ApiError::NoWorkers | ApiError::Unavailable(_) => StatusClass::Unavailable,
             ApiError::Internal(_) => StatusClass::Error,
@@ -132,7 +141,7 @@ impl ApiError {
                 None,
                 self.to_string(),
             ),
-            ApiError::RateLimited => (
+            ApiError::RateLimited | ApiError::KeyLimited(_) => (
                 "rate_limit_error",
                 Some("rate_limit_exceeded"),
                 None,
@@ -209,9 +218,17 @@ pub struct ErrorDetail {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut resp = (self.status(), axum::Json(self.body())).into_response();
-        if matches!(self, ApiError::RateLimited) {
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        match &self {
+            ApiError::RateLimited => {
+                resp.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            }
+            ApiError::KeyLimited(limited) => {
+                resp.headers_mut()
+                    .insert(header::RETRY_AFTER, limited.retry_after_secs().into());
+                limited.status.apply(resp.headers_mut());
+            }
+            _ => {}
         }
         resp
     }

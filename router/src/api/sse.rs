@@ -45,7 +45,7 @@ pub struct SseBody {
     arrived: Instant,
     tokenizer: Arc<Tokenizer>,
     metrics: Arc<RouterMetrics>,
-    _permit: Permit,
+    permit: Permit,
 }
 
 impl SseBody {
@@ -78,7 +78,7 @@ impl SseBody {
             arrived,
             tokenizer,
             metrics,
-            _permit: permit,
+            permit,
         };
         if body.meta.endpoint == Endpoint::Chat {
             for index in 0..body.choices.len() {
@@ -278,6 +278,7 @@ impl SseBody {
                 return;
             }
         }
+        self.permit.settle(self.usage.total_tokens as u64);
         self.out.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
         self.metrics
             .e2e_request_latency

@@ -6,7 +6,6 @@ mod errors;
 mod streaming;
 mod tools;
 
-use std::collections::HashSet;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -216,9 +215,13 @@ pub(super) fn harness(opts: Opts) -> Option<Harness> {
         tokenizer: tok,
         template: Some(tmpl),
         max_context: opts.max_context,
-        api_keys: opts
-            .keys
-            .map(|k| k.iter().map(|s| s.to_string()).collect::<HashSet<_>>()),
+        api_keys: opts.keys.map(|k| {
+            let text = k.join("\n");
+            Arc::new(
+                crate::keys::Keys::from_text(std::path::Path::new("keys"), &text, None)
+                    .expect("test keys"),
+            )
+        }),
         admission: Admission::new(opts.admit, metrics.queue_depth.clone()),
         metrics,
         registry: Arc::new(registry),
