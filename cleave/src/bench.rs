@@ -50,6 +50,8 @@ struct Report {
     decode_tok_s: Vec<(usize, f64)>,
     peak_rss_mib: f64,
     llama_cpp: Option<LlamaCpp>,
+    /// Why llama.cpp was not measured, when it was not.
+    llama_cpp_missing: Option<String>,
 }
 
 #[derive(Debug, Serialize, serde::Deserialize)]
@@ -156,24 +158,26 @@ for _ in range(int(sys.argv[4])):
 print(json.dumps({"prefill_tok_s": best_p, "decode_tok_s": best_d}))
 "#;
 
+/// llama.cpp's numbers on the same file, or why there are none (said in the report: a missing
+/// baseline never disappears silently).
 fn llama_cpp(
     path: &str,
     threads: usize,
     prompt: &[u32],
     gen: usize,
     repeat: usize,
-) -> Option<LlamaCpp> {
-    let ok = Command::new("python3")
+) -> Result<LlamaCpp, String> {
+    let probe = Command::new("python3")
         .args(["-c", "import llama_cpp"])
         .output()
-        .ok()?
-        .status
-        .success();
-    if !ok {
-        eprintln!(
-            "llama-cpp-python is not installed: skipping llama.cpp (pip install llama-cpp-python)"
-        );
-        return None;
+        .map_err(|e| format!("python3 could not be started: {e}"))?;
+    if !probe.status.success() {
+        return Err(match crashed(&probe.status) {
+            Some(why) => format!("importing llama_cpp {why}"),
+            None => "llama-cpp-python is not installed (pip install llama-cpp-python, built as \
+                     docs/engine.md says)"
+                .into(),
+        });
     }
     let mut child = Command::new("python3")
         .args([
@@ -186,16 +190,49 @@ fn llama_cpp(
         ])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
         .spawn()
-        .ok()?;
+        .map_err(|e| format!("python3 could not be started: {e}"))?;
     use std::io::Write;
-    child
-        .stdin
-        .take()?
-        .write_all(serde_json::to_string(prompt).ok()?.as_bytes())
-        .ok()?;
-    let out = child.wait_with_output().ok()?;
-    serde_json::from_slice(&out.stdout).ok()
+    let input = serde_json::to_string(prompt).map_err(|e| e.to_string())?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(input.as_bytes())
+            .map_err(|e| format!("writing the prompt to llama-cpp-python: {e}"))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("waiting for llama-cpp-python: {e}"))?;
+    if let Some(why) = crashed(&out.status) {
+        return Err(format!("llama.cpp {why}"));
+    }
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let last = err.lines().last().unwrap_or("no message");
+        return Err(format!("llama-cpp-python failed ({}): {last}", out.status));
+    }
+    serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("llama-cpp-python printed no result ({e})"))
+}
+
+/// Why a process died of a signal, with the likely cause for the CPU-feature signals.
+fn crashed(status: &std::process::ExitStatus) -> Option<String> {
+    use std::os::unix::process::ExitStatusExt;
+    let sig = status.signal()?;
+    let name = match sig {
+        4 => "SIGILL",
+        11 => "SIGSEGV",
+        6 => "SIGABRT",
+        9 => "SIGKILL",
+        _ => "a signal",
+    };
+    let hint = if sig == 4 || sig == 11 {
+        ": a native (-march=native) build uses instructions this machine advertises but does not \
+         allow (AMX in VMs); rebuild llama.cpp with GGML_NATIVE=OFF and AMX off (docs/engine.md)"
+    } else {
+        ""
+    };
+    Some(format!("crashed with {name} ({sig}){hint}"))
 }
 
 pub fn bench_engine(args: BenchArgs) -> anyhow::Result<()> {
@@ -241,7 +278,7 @@ pub fn bench_engine(args: BenchArgs) -> anyhow::Result<()> {
     }
     anyhow::ensure!(stats.pool.used == 0, "KV blocks leaked: {:?}", stats.pool);
     let llama = if args.no_llama_cpp {
-        None
+        Err("--no-llama-cpp".to_string())
     } else {
         llama_cpp(
             path.to_str().context("model path is not UTF-8")?,
@@ -250,6 +287,10 @@ pub fn bench_engine(args: BenchArgs) -> anyhow::Result<()> {
             args.gen_tokens,
             repeat,
         )
+    };
+    let (llama, llama_missing) = match llama {
+        Ok(l) => (Some(l), None),
+        Err(why) => (None, Some(why)),
     };
     let report = Report {
         model: path.display().to_string(),
@@ -261,6 +302,7 @@ pub fn bench_engine(args: BenchArgs) -> anyhow::Result<()> {
         decode_tok_s: decode,
         peak_rss_mib: peak_rss_mib(),
         llama_cpp: llama,
+        llama_cpp_missing: llama_missing,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -280,6 +322,9 @@ fn print_table(r: &Report) {
         "{:<28}{:>12}{:>12}{:>10}",
         "measure", "cleave", "llama.cpp", "ratio"
     );
+    if let Some(why) = &r.llama_cpp_missing {
+        println!("llama.cpp not measured: {why}");
+    }
     let lc = r.llama_cpp.as_ref();
     let row = |name: &str, ours: f64, theirs: Option<f64>| match theirs {
         Some(t) => println!("{name:<28}{ours:>12.1}{t:>12.1}{:>9.2}x", ours / t),

@@ -1,5 +1,8 @@
 //! `cleave bench compare`: the same workload and loads against several local configurations,
-//! each started with `cleave up` (a child process of this executable), then the ratios.
+//! each started with `cleave up` (a child process of this executable), then the ratios —
+//! only between configurations with equal compute ([`resources`]) unless `--allow-unequal`.
+
+pub mod resources;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -10,7 +13,9 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Args;
 use cleave_loadgen::client::Target;
-use cleave_loadgen::report::Report;
+use cleave_loadgen::report::{Header, Report};
+use cleave_loadgen::resources::{compute_differences, unequal_banner, Resources};
+use cleave_loadgen::runner::{PointResult, RunConfig};
 
 use crate::bench_serve::{self, guess_quantization, LoadArgs};
 
@@ -21,6 +26,18 @@ pub struct CompareArgs {
     /// `aggregated=--prefill 0 --decode 1`; repeat for each (the first is the baseline).
     #[arg(long = "config", required = true)]
     pub configs: Vec<String>,
+    /// Print ratios even between configurations with different compute (threads or cores).
+    #[arg(long)]
+    pub allow_unequal: bool,
+    /// Add, as the baseline, an aggregated configuration with the compute of the first
+    /// disaggregated one (`--prefill P --decode D` → `--prefill 0 --decode P+D`, same threads).
+    #[arg(long)]
+    pub equal_compute: bool,
+    /// Run each load point on every configuration in turn (order rotating per point, a fresh
+    /// `cleave up` each time), so drifting machine load hits them alike; without it each
+    /// configuration runs all its points before the next starts.
+    #[arg(long)]
+    pub interleave: bool,
     /// GGUF model for every configuration (default: the cached default model).
     #[arg(long, env = "CLEAVE_MODEL")]
     pub model_path: Option<PathBuf>,
@@ -45,7 +62,8 @@ pub fn parse_config(s: &str) -> anyhow::Result<(String, Vec<String>)> {
 struct Up {
     child: Child,
     base: String,
-    workers: Vec<String>,
+    /// (role, metrics URL) of every worker.
+    workers: Vec<(String, String)>,
 }
 
 impl Drop for Up {
@@ -111,8 +129,11 @@ fn start(model: &str, flags: &[String]) -> anyhow::Result<Up> {
             }
             Ok(Err(line)) => {
                 if let Some(i) = line.find("metrics http://") {
-                    up.workers
-                        .push(line[i + "metrics ".len()..].trim().to_string());
+                    let role = line.split_whitespace().next().unwrap_or_default();
+                    up.workers.push((
+                        role.to_string(),
+                        line[i + "metrics ".len()..].trim().to_string(),
+                    ));
                 }
                 log.push(line);
             }
@@ -127,11 +148,41 @@ fn start(model: &str, flags: &[String]) -> anyhow::Result<Up> {
 
 /// Entry point of `cleave bench compare`.
 pub fn bench_compare(args: CompareArgs) -> anyhow::Result<()> {
-    let configs: Vec<(String, Vec<String>)> = args
+    let mut configs: Vec<(String, Vec<String>)> = args
         .configs
         .iter()
         .map(|c| parse_config(c))
         .collect::<anyhow::Result<_>>()?;
+    if args.equal_compute {
+        match resources::equal_compute_partner(&configs)? {
+            Some((name, flags)) => {
+                eprintln!(
+                    "--equal-compute: baseline {name}=cleave up {}",
+                    flags.join(" ")
+                );
+                configs.insert(0, (name, flags));
+            }
+            None => eprintln!(
+                "--equal-compute: an aggregated configuration with equal compute is already given"
+            ),
+        }
+    }
+    let declared: Vec<Resources> = configs
+        .iter()
+        .map(|(name, flags)| resources::declared(flags).with_context(|| format!("--config {name}")))
+        .collect::<anyhow::Result<_>>()?;
+    let named: Vec<(&str, Option<&Resources>)> = configs
+        .iter()
+        .zip(&declared)
+        .map(|((n, _), r)| (n.as_str(), Some(r)))
+        .collect();
+    let diffs = compute_differences(&named);
+    if !diffs.is_empty() {
+        eprint!(
+            "{}",
+            unequal_banner(&configs[0].0, &diffs, args.allow_unequal)
+        );
+    }
     let model = match &args.model_path {
         Some(p) => p.clone(),
         None => crate::fetch::fetch_default_model(false)?,
@@ -152,13 +203,17 @@ pub fn bench_compare(args: CompareArgs) -> anyhow::Result<()> {
         .map(|f| f.to_string_lossy().into_owned())
         .unwrap_or_default();
     let rt = tokio::runtime::Runtime::new()?;
-    let mut reports: Vec<(String, Report)> = Vec::new();
-    for (name, flags) in &configs {
+    let model_arg = model.display().to_string();
+    // Starts one configuration, reads its resources, warms it up.
+    let bring_up = |i: usize| -> anyhow::Result<(Up, RunConfig, Header)> {
+        let (name, flags) = &configs[i];
         eprintln!("== {name}: cleave up {}", flags.join(" "));
-        let up = start(&model.display().to_string(), flags)?;
+        let up = start(&model_arg, flags)?;
+        let res = resources::measure(&declared[i], up.child.id(), &up.workers);
+        eprintln!("   resources: {}", res.to_text());
         let base = up.base.trim_end_matches('/').to_string();
         let root = base.strip_suffix("/v1").unwrap_or(&base).to_string();
-        let report = rt.block_on(async {
+        let (cfg, header) = rt.block_on(async {
             let served = bench_serve::served_model(&base).await?;
             let mut header = bench_serve::workload_header(&args.load, &loads, &first, desc.clone());
             header.endpoint = format!("{base} (cleave up {})", flags.join(" "));
@@ -166,6 +221,7 @@ pub fn bench_compare(args: CompareArgs) -> anyhow::Result<()> {
             header.quantization = guess_quantization(&file);
             header.kv_dtype = "f32 (cleave's worker default)".into();
             header.context_limit = context.clone();
+            header.resources = Some(res);
             let target = Target {
                 base: base.clone(),
                 model: served,
@@ -177,12 +233,43 @@ pub fn bench_compare(args: CompareArgs) -> anyhow::Result<()> {
                 &args.load,
                 target,
                 Some(format!("{root}/metrics")),
-                up.workers.clone(),
+                up.workers.iter().map(|(_, u)| u.clone()).collect(),
             );
-            bench_serve::run_all(&args.load, &cfg, header, &loads).await
+            let header = bench_serve::warm_up(&args.load, &cfg, header).await;
+            anyhow::Ok((cfg, header))
         })?;
-        drop(up);
-        reports.push((name.clone(), report));
+        Ok((up, cfg, header))
+    };
+    let mut reports: Vec<(String, Report)> = Vec::new();
+    if args.interleave {
+        // A fresh fleet per configuration and point: idle fleets are not kept up side by side
+        // because they still use CPU (progress threads, watches), which would load the others.
+        let mut headers: Vec<Option<Header>> = vec![None; configs.len()];
+        let mut points: Vec<Vec<PointResult>> = vec![Vec::new(); configs.len()];
+        for (p, load) in loads.iter().enumerate() {
+            for k in 0..configs.len() {
+                let c = (p + k) % configs.len();
+                let (up, cfg, header) = bring_up(c)?;
+                eprintln!("== {} @ {}", configs[c].0, load.label());
+                points[c].push(rt.block_on(bench_serve::run_point(&args.load, &cfg, p, load))?);
+                drop(up);
+                headers[c].get_or_insert(header);
+            }
+        }
+        for (((name, _), header), points) in configs.iter().zip(headers).zip(points) {
+            let header = header.context("no load point ran")?;
+            reports.push((name.clone(), Report { header, points }));
+        }
+    } else {
+        for (i, (name, _)) in configs.iter().enumerate() {
+            let (up, cfg, header) = bring_up(i)?;
+            let mut points = Vec::new();
+            for (p, load) in loads.iter().enumerate() {
+                points.push(rt.block_on(bench_serve::run_point(&args.load, &cfg, p, load))?);
+            }
+            drop(up);
+            reports.push((name.clone(), Report { header, points }));
+        }
     }
-    bench_serve::print_report(&args.load, &reports)
+    bench_serve::print_report(&args.load, &reports, args.allow_unequal)
 }

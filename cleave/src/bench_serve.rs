@@ -10,7 +10,7 @@ use clap::Args;
 use cleave_loadgen::arrival::Load;
 use cleave_loadgen::client::Target;
 use cleave_loadgen::report::{Header, Report};
-use cleave_loadgen::runner::{self, RunConfig};
+use cleave_loadgen::runner::{self, PointResult, RunConfig};
 use cleave_loadgen::stats::Slo;
 use cleave_loadgen::tokens::TokenMap;
 use cleave_loadgen::workload;
@@ -69,13 +69,8 @@ pub fn guess_quantization(name: &str) -> String {
     "not stated (--quantization)".into()
 }
 
-/// Runs every load point against one endpoint.
-pub async fn run_all(
-    a: &LoadArgs,
-    cfg: &RunConfig,
-    mut header: Header,
-    loads: &[Load],
-) -> anyhow::Result<Report> {
+/// Sends the warm-up requests (not counted); notes failures in the header.
+pub async fn warm_up(a: &LoadArgs, cfg: &RunConfig, mut header: Header) -> Header {
     let client = reqwest::Client::new();
     let map = TokenMap {
         seed: a.seed ^ 0xa11,
@@ -86,10 +81,32 @@ pub async fn run_all(
     if failed > 0 {
         header.warmup.push_str(&format!(" ({failed} failed)"));
     }
+    header
+}
+
+/// Runs load point `i` (its own fresh prompts) against one endpoint.
+pub async fn run_point(
+    a: &LoadArgs,
+    cfg: &RunConfig,
+    i: usize,
+    load: &Load,
+) -> anyhow::Result<PointResult> {
+    let client = reqwest::Client::new();
+    let (reqs, _) = workload(a, i, load)?;
+    Ok(runner::run_point(&client, cfg, *load, reqs).await)
+}
+
+/// Runs every load point against one endpoint.
+pub async fn run_all(
+    a: &LoadArgs,
+    cfg: &RunConfig,
+    header: Header,
+    loads: &[Load],
+) -> anyhow::Result<Report> {
+    let header = warm_up(a, cfg, header).await;
     let mut points = Vec::new();
     for (i, load) in loads.iter().enumerate() {
-        let (reqs, _) = workload(a, i, load)?;
-        points.push(runner::run_point(&client, cfg, *load, reqs).await);
+        points.push(run_point(a, cfg, i, load).await?);
     }
     Ok(Report { header, points })
 }
@@ -167,29 +184,42 @@ pub fn bench_serve(args: ServeArgs) -> anyhow::Result<()> {
         let cfg = run_config(&args.load, target, metrics, args.worker_metrics.clone());
         run_all(&args.load, &cfg, header, &loads).await
     })?;
-    print_report(&args.load, &[("run".to_string(), report)])
+    print_report(&args.load, &[("run".to_string(), report)], false)
 }
 
-/// Prints one report (or a comparison) as a table or JSON and writes the charts.
-pub fn print_report(a: &LoadArgs, reports: &[(String, Report)]) -> anyhow::Result<()> {
+/// Prints one report (or a comparison; ratios only between equal compute unless
+/// `allow_unequal`) as a table or JSON and writes the charts.
+pub fn print_report(
+    a: &LoadArgs,
+    reports: &[(String, Report)],
+    allow_unequal: bool,
+) -> anyhow::Result<()> {
+    let comparison = (reports.len() > 1)
+        .then(|| cleave_loadgen::report::Comparison::new(reports.to_vec(), allow_unequal));
     if a.json {
-        let v = if reports.len() == 1 {
-            serde_json::to_value(&reports[0].1)?
-        } else {
-            serde_json::to_value(cleave_loadgen::report::Comparison {
-                configs: reports.to_vec(),
-            })?
+        let v = match &comparison {
+            Some(c) => serde_json::to_value(c)?,
+            None => serde_json::to_value(&reports[0].1)?,
         };
         println!("{}", serde_json::to_string_pretty(&v)?);
-    } else if reports.len() == 1 {
-        print!("{}", reports[0].1.to_table());
     } else {
-        print!(
+        match &comparison {
+            Some(c) => print!("{}", c.to_table()),
+            None => print!("{}", reports[0].1.to_table()),
+        }
+    }
+    if let Some(c) = comparison
+        .as_ref()
+        .filter(|c| !c.unequal_compute.is_empty())
+    {
+        // Loud on stderr too, so it is seen when stdout goes to a file.
+        eprint!(
             "{}",
-            cleave_loadgen::report::Comparison {
-                configs: reports.to_vec()
-            }
-            .to_table()
+            cleave_loadgen::resources::unequal_banner(
+                &c.configs[0].0,
+                &c.unequal_compute,
+                allow_unequal
+            )
         );
     }
     if let Some(dir) = &a.plot {

@@ -5,6 +5,7 @@ use std::io::{BufRead, Write};
 use anyhow::{bail, Context};
 use clap::Args;
 use cleave_engine::chat::ChatMessage;
+use cleave_engine::constrain::Constraint;
 use cleave_engine::engine::{Engine, EngineConfig, GenerateRequest, SeqEvent};
 use cleave_engine::load::Loaded;
 use cleave_engine::sample::SamplingParams;
@@ -32,19 +33,37 @@ pub struct SamplingArgs {
     /// Stop strings (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
+    /// The output must be JSON valid under this JSON schema (given as JSON text).
+    #[arg(long, conflicts_with_all = ["regex", "grammar"])]
+    pub json_schema: Option<String>,
+    /// The whole output must match this regular expression.
+    #[arg(long, conflicts_with = "grammar")]
+    pub regex: Option<String>,
+    /// The output must be in the language of this Lark grammar (llguidance's dialect).
+    #[arg(long)]
+    pub grammar: Option<String>,
 }
 
 impl SamplingArgs {
-    fn params(&self) -> SamplingParams {
-        SamplingParams {
+    fn params(&self) -> anyhow::Result<SamplingParams> {
+        let constraint = match (&self.json_schema, &self.regex, &self.grammar) {
+            (Some(s), _, _) => Some(Constraint::JsonSchema {
+                schema: serde_json::from_str(s).context("--json-schema is not JSON")?,
+            }),
+            (_, Some(r), _) => Some(Constraint::Regex { pattern: r.clone() }),
+            (_, _, Some(g)) => Some(Constraint::Lark { grammar: g.clone() }),
+            _ => None,
+        };
+        Ok(SamplingParams {
             temperature: self.temperature,
             top_k: self.top_k,
             top_p: self.top_p,
             seed: self.seed,
             max_tokens: self.max_tokens,
             stop: self.stop.clone(),
+            constraint,
             ..Default::default()
-        }
+        })
     }
 }
 
@@ -137,16 +156,13 @@ fn run_one(
 pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
     let loaded = crate::load::load(&args.model)?;
     let prompt = if args.chat {
-        let msg = ChatMessage {
-            role: "user".into(),
-            content: args.prompt.clone(),
-        };
+        let msg = ChatMessage::new("user", args.prompt.clone());
         chat_prompt(&loaded, &[msg])?
     } else {
         loaded.encode_text(&args.prompt)
     };
     let engine = start(&loaded);
-    let params = args.sampling.params();
+    let params = args.sampling.params()?;
     if args.json {
         let (ids, text, usage) = run_one(&engine, prompt.clone(), params, None)?;
         let v = serde_json::json!({
@@ -167,10 +183,7 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
     let engine = start(&loaded);
     let mut messages = Vec::new();
     if let Some(s) = &args.system {
-        messages.push(ChatMessage {
-            role: "system".into(),
-            content: s.clone(),
-        });
+        messages.push(ChatMessage::new("system", s.clone()));
     }
     let stdin = std::io::stdin();
     let stdout = std::io::stdout();
@@ -180,17 +193,11 @@ pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
         if stdin.lock().read_line(&mut line)? == 0 || line.trim().is_empty() {
             return Ok(());
         }
-        messages.push(ChatMessage {
-            role: "user".into(),
-            content: line.trim_end().to_string(),
-        });
+        messages.push(ChatMessage::new("user", line.trim_end().to_string()));
         let prompt = chat_prompt(&loaded, &messages)?;
         let mut lock = stdout.lock();
-        let (_, text, _) = run_one(&engine, prompt, args.sampling.params(), Some(&mut lock))?;
+        let (_, text, _) = run_one(&engine, prompt, args.sampling.params()?, Some(&mut lock))?;
         writeln!(lock)?;
-        messages.push(ChatMessage {
-            role: "assistant".into(),
-            content: text,
-        });
+        messages.push(ChatMessage::new("assistant", text));
     }
 }

@@ -7,6 +7,7 @@ pub mod bench_compare;
 pub mod bench_index;
 pub mod bench_route;
 pub mod bench_serve;
+pub mod bench_structured;
 pub mod fetch;
 pub mod generate;
 pub mod http;
@@ -63,6 +64,12 @@ pub enum ModelCommand {
     },
     /// Print where the default model is (or would be) cached.
     Path,
+    /// Describe a GGUF file: architecture, tensor-type histogram, context length, vocabulary,
+    /// and whether cleave can run it (if not, every reason why).
+    Inspect {
+        /// The GGUF file.
+        file: PathBuf,
+    },
     /// Write a tiny random-weight model (Hugging Face layout, byte-level tokenizer) into DIR:
     /// for trying `cleave up --ep N` / `--tp N` without downloading an MoE model. Its output
     /// is meaningless text.
@@ -100,6 +107,9 @@ pub enum BenchCommand {
     /// All-reduce and all-to-all bandwidth of local rank processes per message size, next to
     /// memcpy, over each transport.
     Collectives(bench_collectives::CollectivesArgs),
+    /// What constrained decoding costs: decode ITL and tok/s at 1 and 16 concurrent requests,
+    /// free vs each request with its own JSON schema, and schema compile time.
+    Structured(bench_structured::StructuredArgs),
     /// One rank of `bench collectives` (started by it).
     #[command(hide = true)]
     CollectivesRank(bench_collectives::RankArgs),
@@ -140,6 +150,12 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 println!("{}", cleave_engine::gguf::default_model_path().display());
                 Ok(())
             }
+            ModelCommand::Inspect { file } => {
+                let g = cleave_engine::gguf::GgufFile::open(&file)
+                    .with_context(|| format!("reading {}", file.display()))?;
+                println!("{}", cleave_engine::inspect::inspect(&g));
+                Ok(())
+            }
             ModelCommand::Tiny { dir, kind, seed } => {
                 use cleave_engine::tiny;
                 let k = tiny::parse_kind(&kind).with_context(|| {
@@ -159,6 +175,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Score(args) => score::score(args),
         Command::Bench { command } => match command {
             BenchCommand::Engine(args) => bench::bench_engine(args),
+            BenchCommand::Structured(args) => bench_structured::bench_structured(args),
             BenchCommand::KvTransfer(args) => bench::bench_kv_transfer(args),
             BenchCommand::Route(args) => bench_route::bench_route(args),
             BenchCommand::Index(args) => bench_index::bench_index(args),

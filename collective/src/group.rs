@@ -17,6 +17,7 @@ pub struct NetGroup {
     pub(crate) links: Vec<Option<TcpStream>>,
     pub(crate) timeout: Duration,
     pub(crate) small_bytes: usize,
+    pub(crate) all_reduce: crate::AllReduceOrder,
     /// Call sequence number; the lock also serialises calls.
     seq: Mutex<u32>,
     #[cfg(have_ucx)]
@@ -107,6 +108,7 @@ impl Pending {
             self.cfg.small_bytes,
         );
         let transport = self.cfg.transport;
+        let all_reduce = self.cfg.all_reduce;
         let links = self.mesh()?;
         #[allow(unused_mut)]
         let mut group = NetGroup {
@@ -115,6 +117,7 @@ impl Pending {
             links,
             timeout,
             small_bytes,
+            all_reduce,
             seq: Mutex::new(0),
             #[cfg(have_ucx)]
             ucx: None,

@@ -7,9 +7,10 @@
 //! timeout, mismatched calls) aborts the group on this rank, which closes its connections, so
 //! the failure reaches every other rank promptly instead of leaving it waiting.
 //!
-//! Algorithms: ring all-reduce (reduce-scatter, then all-gather; each element's sum is computed
-//! once, so every rank ends bit-identical), direct exchange for small all-reduce and
-//! all-gather (one round trip), ring all-gather for large ones, all-pairs all-to-all(v),
+//! Algorithms: all-reduce that adds every element in rank order whatever the message size
+//! (direct exchange when small; reduce-scatter of segments then all-gather when large), so a
+//! token's sum never depends on the batch it travels in and every rank ends bit-identical;
+//! ring all-gather for large all-gathers, direct exchange for small ones, all-pairs all-to-all(v),
 //! binomial-tree broadcast, and a one-round barrier. See docs/collectives.md.
 
 mod connect;
@@ -78,8 +79,30 @@ pub struct GroupConfig {
     /// How long forming the group may take (waiting for the leader and the other ranks).
     pub connect_timeout: Duration,
     /// All-reduce and all-gather of at most this many bytes per rank use one direct exchange
-    /// (latency) instead of the ring (bandwidth).
+    /// (latency) instead of the segmented algorithms (bandwidth). With
+    /// [`AllReduceOrder::RankOrder`] this changes the traffic, never the result.
     pub small_bytes: usize,
+    /// How a large all-reduce orders its additions.
+    pub all_reduce: AllReduceOrder,
+}
+
+/// How an all-reduce larger than [`GroupConfig::small_bytes`] adds the ranks' buffers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AllReduceOrder {
+    /// Every element is summed as `((x0 + x1) + x2) + ...` in rank order, whatever the
+    /// message size, exactly like the small-message path: each rank receives every other
+    /// rank's piece of its own segment, adds the pieces in rank order, and the finished
+    /// segments are exchanged (the ring's bytes per rank, two rounds). A token's result then
+    /// does not depend on how many other tokens share the message (batch invariance of
+    /// tensor-parallel groups; docs/collectives.md).
+    #[default]
+    RankOrder,
+    /// Ring reduce-scatter: partial sums travel around the ring and each rank adds its own
+    /// values to what arrives, so an element's order of additions depends on the segment it
+    /// falls in, i.e. on the message size and the element's offset. Results are still
+    /// identical on every rank, but a token's values change with the batch it is in. Kept only
+    /// to measure what the rank order costs.
+    Ring,
 }
 
 impl GroupConfig {
@@ -95,6 +118,7 @@ impl GroupConfig {
             timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(60),
             small_bytes: 64 * 1024,
+            all_reduce: AllReduceOrder::RankOrder,
         }
     }
 }

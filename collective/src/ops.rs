@@ -6,6 +6,7 @@ use cleave_engine::collective::{check_root, check_send, CollectiveError};
 
 use crate::group::NetGroup;
 use crate::wire::{Call, Into, Op, Recv, Send};
+use crate::AllReduceOrder;
 
 /// Element range of segment `i` when `n` elements are split into `parts` nearly equal parts.
 fn segment(n: usize, parts: usize, i: usize) -> Range<usize> {
@@ -35,6 +36,19 @@ fn pieces<T>(mut buf: &mut [T], lens: impl Iterator<Item = usize>) -> Vec<&mut [
     out
 }
 
+/// `out = ((parts[0] + parts[1]) + parts[2]) + ...` element-wise, where `parts` holds
+/// `out.len()` values per rank in rank order. Every all-reduce path of
+/// [`AllReduceOrder::RankOrder`] (and the engine's `LocalGroup`) adds in exactly this order.
+fn sum_in_rank_order(parts: &[f32], out: &mut [f32]) {
+    let n = out.len();
+    out.copy_from_slice(&parts[..n]);
+    for part in parts[n..].chunks_exact(n.max(1)) {
+        for (o, x) in out.iter_mut().zip(part) {
+            *o += x;
+        }
+    }
+}
+
 fn bytes(v: &[f32]) -> &[u8] {
     bytemuck::cast_slice(v)
 }
@@ -54,6 +68,30 @@ impl NetGroup {
         (0..self.world).filter(move |&p| p != self.rank)
     }
 
+    /// The same `data` for every peer.
+    fn send_to_every_peer<'a>(&self, data: &'a [f32]) -> Vec<Send<'a>> {
+        self.peers()
+            .map(|peer| Send {
+                peer,
+                data: bytes(data),
+            })
+            .collect()
+    }
+
+    /// One message from every peer, each into its own slot (`slots[peer]`; this rank's slot is
+    /// left alone).
+    fn recv_from_every_peer<'a>(&self, slots: &'a mut [&mut [f32]]) -> Vec<Recv<'a>> {
+        slots
+            .iter_mut()
+            .enumerate()
+            .filter(|(p, _)| *p != self.rank)
+            .map(|(peer, slot)| Recv {
+                peer,
+                into: Into::Exact(bytes_mut(slot)),
+            })
+            .collect()
+    }
+
     pub(crate) fn all_reduce_impl(&self, buf: &mut [f32]) -> Result<(), CollectiveError> {
         if self.world == 1 {
             return self.run(Op::AllReduce, |_| Ok(()));
@@ -61,7 +99,12 @@ impl NetGroup {
         if buf.len() * 4 <= self.small_bytes {
             return self.run(Op::AllReduce, |c| self.all_reduce_direct(c, buf));
         }
-        self.run(Op::AllReduce, |c| self.all_reduce_ring(c, buf))
+        match self.all_reduce {
+            AllReduceOrder::RankOrder => {
+                self.run(Op::AllReduce, |c| self.all_reduce_segments(c, buf))
+            }
+            AllReduceOrder::Ring => self.run(Op::AllReduce, |c| self.all_reduce_ring(c, buf)),
+        }
     }
 
     /// Everyone sends its whole buffer to everyone, then sums in rank order: one round trip,
@@ -71,36 +114,50 @@ impl NetGroup {
         let mut all = vec![0f32; n * self.world];
         {
             let mut parts = pieces(&mut all, std::iter::repeat_n(n, self.world));
+            c.exchange(
+                self.send_to_every_peer(buf),
+                self.recv_from_every_peer(&mut parts),
+            )?;
+        }
+        all[self.rank * n..(self.rank + 1) * n].copy_from_slice(buf);
+        sum_in_rank_order(&all, buf);
+        Ok(())
+    }
+
+    /// Reduce-scatter by direct exchange, then all-gather: rank `r` receives every other
+    /// rank's piece of segment `r`, adds the pieces in rank order (the direct path's order, so
+    /// an element's sum does not depend on the message size or on where the element falls),
+    /// and the finished segments go to every rank. Each rank sends and receives `2(w-1)/w · n`
+    /// elements, as on the ring, in two rounds instead of `2(w-1)`.
+    fn all_reduce_segments(&self, c: &Call, buf: &mut [f32]) -> Result<(), CollectiveError> {
+        let (w, r, n) = (self.world, self.rank, buf.len());
+        let mine = segment(n, w, r);
+        let len = mine.len();
+        let mut parts = vec![0f32; len * w];
+        {
+            let mut mine_from = pieces(&mut parts, std::iter::repeat_n(len, w));
             let sends = self
                 .peers()
                 .map(|peer| Send {
                     peer,
-                    data: bytes(buf),
+                    data: bytes(&buf[segment(n, w, peer)]),
                 })
                 .collect();
-            let recvs = parts
-                .iter_mut()
-                .enumerate()
-                .filter(|(p, _)| *p != self.rank)
-                .map(|(peer, part)| Recv {
-                    peer,
-                    into: Into::Exact(bytes_mut(part)),
-                })
-                .collect();
-            c.exchange(sends, recvs)?;
+            c.exchange(sends, self.recv_from_every_peer(&mut mine_from))?;
         }
-        all[self.rank * n..(self.rank + 1) * n].copy_from_slice(buf);
-        buf.copy_from_slice(&all[..n]);
-        for part in all[n..].chunks_exact(n.max(1)) {
-            for (b, x) in buf.iter_mut().zip(part) {
-                *b += x;
-            }
-        }
-        Ok(())
+        parts[r * len..(r + 1) * len].copy_from_slice(&buf[mine.clone()]);
+        sum_in_rank_order(&parts, &mut buf[mine]);
+        let mut segs = pieces(buf, (0..w).map(|i| segment(n, w, i).len()));
+        let own: &[f32] = std::mem::take(&mut segs[r]) as &[f32];
+        c.exchange(
+            self.send_to_every_peer(own),
+            self.recv_from_every_peer(&mut segs),
+        )
     }
 
     /// Ring reduce-scatter (partial sums travel around the ring, added on arrival) then ring
-    /// all-gather of the finished segments.
+    /// all-gather of the finished segments ([`AllReduceOrder::Ring`]: the order of additions
+    /// depends on the element's segment, so results are not batch invariant).
     fn all_reduce_ring(&self, c: &Call, buf: &mut [f32]) -> Result<(), CollectiveError> {
         let (w, r, n) = (self.world, self.rank, buf.len());
         for step in 0..w - 1 {
@@ -158,23 +215,10 @@ impl NetGroup {
             }
             if n * 4 <= self.small_bytes {
                 let mut parts = pieces(out.as_mut_slice(), std::iter::repeat_n(n, w));
-                let sends = self
-                    .peers()
-                    .map(|peer| Send {
-                        peer,
-                        data: bytes(local),
-                    })
-                    .collect();
-                let recvs = parts
-                    .iter_mut()
-                    .enumerate()
-                    .filter(|(p, _)| *p != r)
-                    .map(|(peer, part)| Recv {
-                        peer,
-                        into: Into::Exact(bytes_mut(part)),
-                    })
-                    .collect();
-                return c.exchange(sends, recvs);
+                return c.exchange(
+                    self.send_to_every_peer(local),
+                    self.recv_from_every_peer(&mut parts),
+                );
             }
             // Segment `i` of `out` split in `w` parts is exactly rank `i`'s contribution.
             self.ring_gather(c, out, 0)

@@ -408,8 +408,8 @@ impl Pending<'_> {
                     .store(true, std::sync::atomic::Ordering::Relaxed);
                 for ep in self.ucx.eps.iter().filter(|e| !e.is_null()) {
                     let p = sys::ucp_request_param_t {
-                        op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS as u32,
-                        flags: sys::UCP_EP_CLOSE_FLAG_FORCE as u32,
+                        op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS,
+                        flags: sys::UCP_EP_CLOSE_FLAG_FORCE,
                         ..Default::default()
                     };
                     // SAFETY: live endpoint; the group is unusable after this call anyway.
@@ -442,7 +442,7 @@ impl Drop for Ucx {
         // Messages handed to UCX may not have left yet: close in flush mode so they do
         // (bounded, the peers may be gone), unless the endpoints were force-closed already.
         let p = sys::ucp_request_param_t {
-            op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS as u32,
+            op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS,
             flags: 0,
             ..Default::default()
         };

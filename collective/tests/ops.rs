@@ -222,3 +222,81 @@ fn a_group_of_one_is_the_identity() {
         );
     }
 }
+
+/// An element's all-reduce result does not depend on the message it travels in: for
+/// messages of many sizes (direct exchange and segmented path, the element falling in
+/// different segments), every element is exactly `((x0 + x1) + x2) + ...` in f32, the order the
+/// engine's `LocalGroup` uses too. This is what makes a tensor-parallel step's per-token
+/// results independent of the batch. The ring (`AllReduceOrder::Ring`) adds in another order
+/// for some segments, which the same check catches.
+#[test]
+fn every_element_is_summed_in_rank_order_whatever_the_message_size() {
+    use cleave_collective::AllReduceOrder;
+    const N: usize = 10_007;
+    const SIZES: [usize; 6] = [N, 5_000, 1_001, 333, 64, 7];
+    for t in common::transports() {
+        for world in [2, 3, 4] {
+            for order in [AllReduceOrder::RankOrder, AllReduceOrder::Ring] {
+                let got = on_ranks_with(
+                    world,
+                    move |c| {
+                        c.transport = t;
+                        c.small_bytes = 256;
+                        c.all_reduce = order;
+                    },
+                    move |g| {
+                        let full = full_mantissa(g.rank() as u64 + 1, N);
+                        SIZES
+                            .iter()
+                            .map(|&n| {
+                                let mut b = full[..n].to_vec();
+                                g.all_reduce_sum(&mut b).unwrap();
+                                b
+                            })
+                            .collect::<Vec<_>>()
+                    },
+                );
+                let mut want = full_mantissa(1, N);
+                for r in 1..world {
+                    for (w, x) in want.iter_mut().zip(full_mantissa(r as u64 + 1, N)) {
+                        *w += x;
+                    }
+                }
+                let mut differing = 0;
+                for (rank, outs) in got.iter().enumerate() {
+                    for (out, n) in outs.iter().zip(SIZES) {
+                        assert_eq!(out.len(), n);
+                        let bad = out
+                            .iter()
+                            .zip(&want)
+                            .filter(|(a, b)| a.to_bits() != b.to_bits())
+                            .count();
+                        if order == AllReduceOrder::RankOrder {
+                            assert_eq!(
+                                bad, 0,
+                                "{t:?} world {world} rank {rank} n {n}: {bad} elements not summed in rank order"
+                            );
+                        }
+                        differing += bad;
+                    }
+                }
+                if order == AllReduceOrder::Ring && world > 2 {
+                    assert!(
+                        differing > 0,
+                        "{t:?} world {world}: the ring added in rank order"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// [`data`] with every mantissa bit used (`data`'s values are multiples of 2^-23, so sums of a
+/// few of them are exact in any order).
+fn full_mantissa(seed: u64, n: usize) -> Vec<f32> {
+    data(seed, n)
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| v * (1.0 + i as f32 * 1e-3).sqrt())
+        .collect()
+}

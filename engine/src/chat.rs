@@ -4,7 +4,7 @@
 //! Hugging Face `transformers` configures it: `trim_blocks` and `lstrip_blocks` on, loop
 //! controls, a `raise_exception` function, an optional `strftime_now` function, and Python
 //! methods on strings and dicts (`.strip()`, `.startswith()`, `.items()`, ...). This module runs
-//! such templates with minijinja, set up to match ([`pycompat`] supplies the Python methods).
+//! such templates with minijinja, set up to match (`pycompat` supplies the Python methods).
 
 mod pycompat;
 
@@ -36,10 +36,17 @@ pub enum ChatError {
 /// One message of a conversation.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq)]
 pub struct ChatMessage {
-    /// `system`, `user`, `assistant`, ...
+    /// `system`, `user`, `assistant`, `tool`, ...
     pub role: String,
     /// The message text.
     pub content: String,
+    /// An assistant turn's tool calls, as templates expect them: `{"id", "type": "function",
+    /// "function": {"name", "arguments": {...}}}` with the arguments as an object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A `tool` turn: the id of the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl ChatMessage {
@@ -48,6 +55,8 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
         }
     }
 }
@@ -57,6 +66,8 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    /// Whether the template reads a `tools` variable (renders tool definitions itself).
+    tools: bool,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -92,6 +103,7 @@ impl ChatTemplate {
             env,
             bos_token: bos_token.to_string(),
             eos_token: eos_token.to_string(),
+            tools: source.contains("tools"),
         })
     }
 
@@ -115,12 +127,30 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ChatError> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// Whether the template renders tool definitions itself (it reads `tools`), as Qwen's,
+    /// Hermes' and Llama 3.1's do. Otherwise callers describe the tools in a system message.
+    pub fn supports_tools(&self) -> bool {
+        self.tools
+    }
+
+    /// [`Self::render`] with `tools` (OpenAI's `[{"type": "function", "function": {...}}]`) in
+    /// the template's context, as Hugging Face's `apply_chat_template(tools=...)` passes them.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+    ) -> Result<String, ChatError> {
         let tmpl = self
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| ChatError::Render(describe(&e)))?;
         tmpl.render(context! {
             messages => messages,
+            tools => tools.map(Value::from_serialize),
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,

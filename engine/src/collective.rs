@@ -39,6 +39,11 @@ pub trait Collective: Send + Sync {
     /// Ranks in the group.
     fn world(&self) -> usize;
     /// Element-wise sum of `buf` across ranks; every rank ends with the same total (bitwise).
+    ///
+    /// Implementations add in rank order, `((x0 + x1) + x2) + ...`, for every element and
+    /// whatever the buffer's length, so an element's result depends only on the ranks' values
+    /// at that element, never on the rest of the buffer (what a tensor-parallel step's batch
+    /// invariance rests on).
     fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<(), CollectiveError>;
     /// Concatenation of every rank's `local` (equal lengths) in rank order, written to `out`.
     fn all_gather(&self, local: &[f32], out: &mut Vec<f32>) -> Result<(), CollectiveError>;
@@ -172,9 +177,14 @@ impl Collective for LocalGroup {
     }
     fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<(), CollectiveError> {
         self.publish(buf);
-        buf.fill(0.0);
-        for slot in &self.shared.slots {
+        // `((x0 + x1) + x2) + ...`, the order of the network groups' every all-reduce path, so
+        // threads and processes give the same bits.
+        for (r, slot) in self.shared.slots.iter().enumerate() {
             let other = slot.lock().expect("slot lock");
+            if r == 0 {
+                buf.copy_from_slice(&other);
+                continue;
+            }
             for (b, o) in buf.iter_mut().zip(other.iter()) {
                 *b += o;
             }

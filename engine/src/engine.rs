@@ -12,6 +12,7 @@ use std::thread::JoinHandle;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
+use crate::constrain::{ConstraintState, LazyGrammars};
 use crate::kv::memory::{KvCache, KvDtype, KvLayout};
 use crate::kv::{BlockId, KvEventRecord, PoolStats};
 use crate::model::Model;
@@ -158,6 +159,9 @@ pub enum EngineError {
     /// A token id is outside the vocabulary.
     #[error("token id {0} is outside the vocabulary")]
     BadToken(u32),
+    /// The request's output constraint (schema, regex, grammar) does not compile.
+    #[error("invalid constraint: {0}")]
+    BadConstraint(String),
     /// The engine thread has stopped.
     #[error("the engine has shut down")]
     Stopped,
@@ -217,6 +221,8 @@ pub(crate) enum Command {
     Submit {
         id: SeqId,
         req: GenerateRequest,
+        /// The compiled `req.params.constraint`, if any.
+        constraint: Option<Box<ConstraintState>>,
         events: UnboundedSender<SeqEvent>,
     },
     Cancel(SeqId),
@@ -261,6 +267,8 @@ pub struct Engine {
     limit: usize,
     vocab: usize,
     model: Arc<Model>,
+    /// The constraint compiler, built on the first constrained request.
+    grammars: LazyGrammars,
 }
 
 impl Engine {
@@ -307,7 +315,7 @@ impl Engine {
         });
         let worker = worker::Worker::new(
             model.clone(),
-            tokenizer,
+            tokenizer.clone(),
             config,
             cache,
             shared.clone(),
@@ -326,6 +334,7 @@ impl Engine {
             limit,
             vocab,
             model,
+            grammars: LazyGrammars::new(tokenizer, Some(vocab)),
         }
     }
 
@@ -362,10 +371,23 @@ impl Engine {
         if self.shared.stats.lock().expect("stats lock").failed {
             return Err(EngineError::GroupFailed);
         }
+        let constraint = match &req.params.constraint {
+            None => None,
+            Some(c) => Some(Box::new(
+                self.grammars
+                    .compile(c)
+                    .map_err(EngineError::BadConstraint)?,
+            )),
+        };
         let id = SeqId(self.next_id.fetch_add(1, Ordering::Relaxed));
         let (events, rx) = unbounded_channel();
         self.tx
-            .send(Command::Submit { id, req, events })
+            .send(Command::Submit {
+                id,
+                req,
+                constraint,
+                events,
+            })
             .map_err(|_| EngineError::Stopped)?;
         Ok((id, rx))
     }

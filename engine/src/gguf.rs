@@ -84,6 +84,32 @@ pub enum GgufError {
     /// The tensor's bytes do not lie inside the file, or its shape does not fit its type.
     #[error("tensor {0:?} lies outside the file or has an invalid shape")]
     TensorOutOfBounds(String),
+    /// The tensor's row length is not a whole number of its type's blocks.
+    #[error("tensor {tensor:?} of type {ty} has dims {dims:?}: rows of {block}-element blocks need dims[0] to be a multiple of {block}")]
+    BadShape {
+        /// The tensor's name.
+        tensor: String,
+        /// Its ggml type.
+        ty: GgmlType,
+        /// Its dimensions.
+        dims: Vec<u64>,
+        /// Elements per block of the type.
+        block: usize,
+    },
+    /// The bytes a tensor's type and shape imply run into the next tensor's data.
+    #[error("tensor {tensor:?} of type {ty} and dims {dims:?} needs {needs} bytes, but the next tensor starts {room} bytes after it")]
+    TensorSize {
+        /// The tensor's name.
+        tensor: String,
+        /// Its ggml type.
+        ty: GgmlType,
+        /// Its dimensions.
+        dims: Vec<u64>,
+        /// Bytes its type and shape imply.
+        needs: u64,
+        /// Bytes between its offset and the next tensor's.
+        room: u64,
+    },
 }
 
 /// A typed metadata value.
@@ -170,7 +196,8 @@ impl MetaValue {
     }
 }
 
-/// A ggml tensor element type.
+/// A ggml tensor element type (named as ggml names them).
+#[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GgmlType {
     /// 32-bit float (id 0).
@@ -181,8 +208,28 @@ pub enum GgmlType {
     Q4_0,
     /// 4-bit blocks of 32 with an f16 scale and minimum (id 3).
     Q4_1,
+    /// 5-bit blocks of 32 with an f16 scale (id 6).
+    Q5_0,
+    /// 5-bit blocks of 32 with an f16 scale and minimum (id 7).
+    Q5_1,
     /// 8-bit blocks of 32 with an f16 scale (id 8).
     Q8_0,
+    /// 2-bit super-blocks of 256 (id 10).
+    Q2_K,
+    /// 3-bit super-blocks of 256 (id 11).
+    Q3_K,
+    /// 4-bit super-blocks of 256 with 6-bit sub-block scales and minimums (id 12).
+    Q4_K,
+    /// 5-bit super-blocks of 256 with 6-bit sub-block scales and minimums (id 13).
+    Q5_K,
+    /// 6-bit super-blocks of 256 with 8-bit sub-block scales (id 14).
+    Q6_K,
+    /// 8-bit super-blocks of 256 with an f32 scale (id 15; activations in ggml).
+    Q8_K,
+    /// 4-bit non-linear blocks of 32 (id 20).
+    IQ4_NL,
+    /// bfloat16 (id 30).
+    BF16,
     /// Any other ggml type id.
     Other(u32),
 }
@@ -195,7 +242,17 @@ impl GgmlType {
             1 => GgmlType::F16,
             2 => GgmlType::Q4_0,
             3 => GgmlType::Q4_1,
+            6 => GgmlType::Q5_0,
+            7 => GgmlType::Q5_1,
             8 => GgmlType::Q8_0,
+            10 => GgmlType::Q2_K,
+            11 => GgmlType::Q3_K,
+            12 => GgmlType::Q4_K,
+            13 => GgmlType::Q5_K,
+            14 => GgmlType::Q6_K,
+            15 => GgmlType::Q8_K,
+            20 => GgmlType::IQ4_NL,
+            30 => GgmlType::BF16,
             other => GgmlType::Other(other),
         }
     }
@@ -207,7 +264,17 @@ impl GgmlType {
             GgmlType::F16 => 1,
             GgmlType::Q4_0 => 2,
             GgmlType::Q4_1 => 3,
+            GgmlType::Q5_0 => 6,
+            GgmlType::Q5_1 => 7,
             GgmlType::Q8_0 => 8,
+            GgmlType::Q2_K => 10,
+            GgmlType::Q3_K => 11,
+            GgmlType::Q4_K => 12,
+            GgmlType::Q5_K => 13,
+            GgmlType::Q6_K => 14,
+            GgmlType::Q8_K => 15,
+            GgmlType::IQ4_NL => 20,
+            GgmlType::BF16 => 30,
             GgmlType::Other(id) => id,
         }
     }
@@ -215,8 +282,19 @@ impl GgmlType {
     /// Elements per block (1 for float types); `None` for types this crate does not handle.
     pub fn block_size(self) -> Option<usize> {
         match self {
-            GgmlType::F32 | GgmlType::F16 => Some(1),
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => Some(32),
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => Some(1),
+            GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q8_0
+            | GgmlType::IQ4_NL => Some(32),
+            GgmlType::Q2_K
+            | GgmlType::Q3_K
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
+            | GgmlType::Q8_K => Some(256),
             GgmlType::Other(_) => None,
         }
     }
@@ -228,7 +306,17 @@ impl GgmlType {
             GgmlType::F16 => Some(2),
             GgmlType::Q4_0 => Some(18),
             GgmlType::Q4_1 => Some(20),
+            GgmlType::Q5_0 => Some(22),
+            GgmlType::Q5_1 => Some(24),
             GgmlType::Q8_0 => Some(34),
+            GgmlType::Q2_K => Some(84),
+            GgmlType::Q3_K => Some(110),
+            GgmlType::Q4_K => Some(144),
+            GgmlType::Q5_K => Some(176),
+            GgmlType::Q6_K => Some(210),
+            GgmlType::Q8_K => Some(292),
+            GgmlType::IQ4_NL => Some(18),
+            GgmlType::BF16 => Some(2),
             GgmlType::Other(_) => None,
         }
     }
@@ -243,9 +331,12 @@ impl fmt::Display for GgmlType {
             "bf16",
         ];
         let id = self.id();
-        match NAMES.get(id as usize) {
-            Some(name) => f.write_str(name),
-            None => write!(f, "type {id}"),
+        match (NAMES.get(id as usize), id) {
+            (Some(name), _) => f.write_str(name),
+            (None, 34) => f.write_str("tq1_0"),
+            (None, 35) => f.write_str("tq2_0"),
+            (None, 39) => f.write_str("mxfp4"),
+            (None, _) => write!(f, "type {id}"),
         }
     }
 }
@@ -351,6 +442,7 @@ impl GgufFile {
                 return Err(GgufError::DuplicateTensor(t.name.clone()));
             }
         }
+        check_sizes(&header.tensors)?;
         Ok(GgufFile {
             version: header.version,
             metadata: header.metadata,
@@ -458,13 +550,23 @@ impl GgufFile {
         let oob = || GgufError::TensorOutOfBounds(name.to_string());
         let n_bytes = match info.n_bytes() {
             Some(n) => n,
-            None if info.ty.block_size().is_none() => {
-                return Err(GgufError::UnsupportedTensorType {
-                    tensor: name.to_string(),
-                    ty: info.ty,
-                })
-            }
-            None => return Err(oob()),
+            None => match info.ty.block_size() {
+                None => {
+                    return Err(GgufError::UnsupportedTensorType {
+                        tensor: name.to_string(),
+                        ty: info.ty,
+                    })
+                }
+                Some(block) if info.dims.first().is_some_and(|&r| r % block as u64 != 0) => {
+                    return Err(GgufError::BadShape {
+                        tensor: name.to_string(),
+                        ty: info.ty,
+                        dims: info.dims.clone(),
+                        block,
+                    })
+                }
+                Some(_) => return Err(oob()),
+            },
         };
         let start = u64::try_from(self.data_offset)
             .ok()
@@ -478,11 +580,12 @@ impl GgufFile {
         self.storage.bytes().get(start..end).ok_or_else(oob)
     }
 
-    /// The tensor called `name` converted to `f32` values; only `F32` and `F16` tensors.
+    /// The tensor called `name` converted to `f32` values; only `F32`, `F16` and `BF16`
+    /// tensors.
     pub fn tensor_f32(&self, name: &str) -> Result<Vec<f32>, GgufError> {
         let info = self.tensor(name)?;
         let ty = info.ty;
-        if !matches!(ty, GgmlType::F32 | GgmlType::F16) {
+        if !matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
             return Err(GgufError::UnsupportedTensorType {
                 tensor: name.to_string(),
                 ty,
@@ -494,12 +597,40 @@ impl GgufFile {
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect(),
+            GgmlType::BF16 => data
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
             _ => data
                 .chunks_exact(2)
                 .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
                 .collect(),
         })
     }
+}
+
+/// Checks that no tensor's implied bytes (type × shape) run into the data of the tensor stored
+/// after it: a descriptor whose type or shape disagrees with the bytes the writer laid out is
+/// an error naming it, found when the file is opened. Tensors of unknown types, or whose shape
+/// does not fit their type, are reported when their data is read.
+fn check_sizes(tensors: &[TensorInfo]) -> Result<(), GgufError> {
+    let mut order: Vec<&TensorInfo> = tensors.iter().collect();
+    order.sort_by_key(|t| t.offset);
+    for pair in order.windows(2) {
+        let (t, next) = (pair[0], pair[1]);
+        let Some(needs) = t.n_bytes() else { continue };
+        let room = next.offset - t.offset;
+        if needs > room {
+            return Err(GgufError::TensorSize {
+                tensor: t.name.clone(),
+                ty: t.ty,
+                dims: t.dims.clone(),
+                needs,
+                room,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Path of the default model for tests and tools: `$CLEAVE_MODEL` if set, else

@@ -1,12 +1,16 @@
 //! Matrix × activations products for the GGUF weight formats the model uses (F32, Q4_0, Q4_1,
-//! Q8_0): every linear layer of the forward pass goes through [`QMatrix::matmul`].
+//! Q5_0, Q5_1, Q8_0, IQ4_NL, and the K-quants Q2_K, Q3_K, Q4_K, Q5_K, Q6_K): every linear layer of the forward pass
+//! goes through [`QMatrix::matmul`].
 //!
 //! # Data layout
 //! [`QMatrix::from_raw`] takes ggml row-major bytes (rows of `cols / 32` blocks) and repacks each
-//! row so its scales are contiguous: `[d: nb × f16][m: nb × f16 (Q4_1 only)][quants]`, where the
-//! quants are the ggml `qs` bytes in block order (16 bytes per Q4 block, 32 per Q8_0 block). A
-//! row takes exactly as many bytes as in ggml, and each row is one sequential stream for the
-//! prefetcher. F32 matrices are kept as plain `f32` rows.
+//! row so its scales are contiguous: `[d: nb × f16][m: nb × f16 (Q4_1 / Q5_1)][qh: nb × u32
+//! (Q5_0 / Q5_1)][quants]`, where the quants are the ggml `qs` bytes in block order (16 bytes per
+//! Q4/Q5 block, 32 per Q8_0 block). A row takes exactly as many bytes as in ggml, and each row is
+//! one sequential stream for the prefetcher. K-quant rows keep ggml's super-block layout (see
+//! `kquant.rs`, which also defines their dot products). F32 matrices are kept as plain `f32`
+//! rows. Q5 dot products are the Q4 ones with the 5-bit quant in place of the nibble and
+//! `mw = −16·d` for Q5_0; IQ4_NL's are Q8_0's with `qw` the table value of the nibble.
 //!
 //! [`Activations`] holds the f32 activations of a batch of tokens plus their Q8 quantization,
 //! per token and per block of 32 like llama.cpp's Q8_1: `d = f16(max|x| / 127)` (rounded to f16
@@ -43,6 +47,7 @@
 
 mod activations;
 mod isa;
+mod kquant;
 mod scalar;
 #[cfg(test)]
 mod tests;
@@ -60,35 +65,82 @@ use std::ops::Range;
 
 use half::f16;
 
-/// Number of elements in a quantization block.
+/// Number of elements in a quantization block (and in a block of quantized activations).
 pub const QK: usize = 32;
+/// Number of elements in a K-quant super-block.
+pub const QK_K: usize = 256;
 
 /// Weight formats a [`QMatrix`] may hold (F16 GGUF tensors are converted to F32 by the caller).
+#[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WeightType {
     F32,
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
     Q8_0,
+    /// 4-bit indices into a fixed non-linear table of 16 `i8` values, blocks of 32.
+    IQ4_NL,
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
 }
 
 impl WeightType {
-    /// Whether the type is block-quantized (its column count must be a multiple of [`QK`]).
+    /// Whether the type is block-quantized (its column count must be a multiple of
+    /// [`WeightType::block`]).
     pub fn is_quantized(self) -> bool {
         self != WeightType::F32
     }
 
-    /// Bytes of one ggml row of `cols` elements (`cols` a multiple of [`QK`] when quantized).
-    pub fn row_bytes(self, cols: usize) -> usize {
+    /// Whether the type is a K-quant: super-blocks of [`QK_K`] kept in ggml's own layout (see
+    /// `kquant.rs`).
+    pub fn is_k(self) -> bool {
+        matches!(
+            self,
+            WeightType::Q2_K
+                | WeightType::Q3_K
+                | WeightType::Q4_K
+                | WeightType::Q5_K
+                | WeightType::Q6_K
+        )
+    }
+
+    /// Elements per block: 1 for F32, [`QK`] for the 32-element formats, [`QK_K`] for K-quants.
+    pub fn block(self) -> usize {
         match self {
-            WeightType::F32 => cols * 4,
-            WeightType::Q4_0 => cols / QK * 18,
-            WeightType::Q4_1 => cols / QK * 20,
-            WeightType::Q8_0 => cols / QK * 34,
+            WeightType::F32 => 1,
+            t if t.is_k() => QK_K,
+            _ => QK,
         }
     }
 
-    /// Bytes of quants per block in the packed layout.
+    /// Bytes of one ggml block.
+    fn block_bytes(self) -> usize {
+        match self {
+            WeightType::F32 => 4,
+            WeightType::Q4_0 | WeightType::IQ4_NL => 18,
+            WeightType::Q4_1 => 20,
+            WeightType::Q5_0 => 22,
+            WeightType::Q5_1 => 24,
+            WeightType::Q8_0 => 34,
+            WeightType::Q2_K => 84,
+            WeightType::Q3_K => 110,
+            WeightType::Q4_K => 144,
+            WeightType::Q5_K => 176,
+            WeightType::Q6_K => 210,
+        }
+    }
+
+    /// Bytes of one ggml row of `cols` elements (`cols` a multiple of [`WeightType::block`]).
+    pub fn row_bytes(self, cols: usize) -> usize {
+        cols / self.block() * self.block_bytes()
+    }
+
+    /// Bytes of quants per block in the packed layout (32-element formats).
     fn qs_bytes(self) -> usize {
         match self {
             WeightType::Q8_0 => 32,
@@ -96,19 +148,24 @@ impl WeightType {
         }
     }
 
-    /// Number of f16 scale arrays per packed row (d, and m for Q4_1).
+    /// Number of f16 scale arrays per packed row (d, and m for Q4_1 / Q5_1).
     fn n_scales(self) -> usize {
         match self {
-            WeightType::Q4_1 => 2,
+            WeightType::Q4_1 | WeightType::Q5_1 => 2,
             _ => 1,
         }
+    }
+
+    /// Whether packed rows carry the fifth bits `qh` (Q5_0 / Q5_1).
+    fn has_qh(self) -> bool {
+        matches!(self, WeightType::Q5_0 | WeightType::Q5_1)
     }
 }
 
 /// Errors building or slicing a [`QMatrix`].
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {
-    #[error("{ty:?} matrix needs a column count that is a multiple of {QK}, got {cols}")]
+    #[error("{ty:?} matrix needs a column count that is a multiple of {}, got {cols}", ty.block())]
     ColsNotBlockAligned { ty: WeightType, cols: usize },
     #[error("{ty:?} matrix of {rows}x{cols} needs {expected} bytes, got {got}")]
     ByteLength {
@@ -170,8 +227,10 @@ impl std::fmt::Debug for QMatrix {
 struct PackedRow<'a> {
     /// `nb` little-endian f16 scales.
     d: &'a [u8],
-    /// `nb` little-endian f16 offsets (Q4_1 only).
+    /// `nb` little-endian f16 offsets (Q4_1 / Q5_1 only).
     m: Option<&'a [u8]>,
+    /// `nb` little-endian u32 masks of the fifth bits, bit `i` for element `i` (Q5_0 / Q5_1).
+    qh: Option<&'a [u8]>,
     /// Quants, `qs_bytes` per block.
     qs: &'a [u8],
 }
@@ -188,7 +247,7 @@ impl QMatrix {
         cols: usize,
         bytes: &[u8],
     ) -> Result<QMatrix, KernelError> {
-        if ty.is_quantized() && !cols.is_multiple_of(QK) {
+        if !cols.is_multiple_of(ty.block()) {
             return Err(KernelError::ColsNotBlockAligned { ty, cols });
         }
         let expected = rows
@@ -212,18 +271,33 @@ impl QMatrix {
             return QMatrix::from_f32(rows, cols, data);
         }
         let nb = cols / QK;
-        let (block, qsb, ns) = (ty.row_bytes(QK), ty.qs_bytes(), ty.n_scales());
+        if ty.is_k() {
+            // K-quants keep ggml's super-block layout: it already streams each super-block's
+            // scales next to its quants.
+            return Ok(QMatrix {
+                ty,
+                rows,
+                cols,
+                nb,
+                row_bytes: ty.row_bytes(cols),
+                data: Storage::Packed(bytes.to_vec()),
+            });
+        }
+        let (block, qsb, ns) = (ty.block_bytes(), ty.qs_bytes(), ty.n_scales());
+        let nh = if ty.has_qh() { 4 } else { 0 };
         let mut data = vec![0u8; expected];
         for (src, dst) in bytes
             .chunks_exact(nb * block)
             .zip(data.chunks_exact_mut(nb * block))
         {
-            let (scales, qs) = dst.split_at_mut(2 * ns * nb);
+            let (scales, rest) = dst.split_at_mut(2 * ns * nb);
+            let (qh, qs) = rest.split_at_mut(nh * nb);
             for (b, blk) in src.chunks_exact(block).enumerate() {
                 for s in 0..ns {
                     scales[2 * (s * nb + b)..][..2].copy_from_slice(&blk[2 * s..2 * s + 2]);
                 }
-                qs[b * qsb..(b + 1) * qsb].copy_from_slice(&blk[2 * ns..]);
+                qh[b * nh..(b + 1) * nh].copy_from_slice(&blk[2 * ns..2 * ns + nh]);
+                qs[b * qsb..(b + 1) * qsb].copy_from_slice(&blk[2 * ns + nh..]);
             }
         }
         Ok(QMatrix {
@@ -307,13 +381,28 @@ impl QMatrix {
         };
         let row = &data[r * self.row_bytes..(r + 1) * self.row_bytes];
         let (d, rest) = row.split_at(2 * self.nb);
-        let (m, qs) = if self.ty == WeightType::Q4_1 {
-            let (m, qs) = rest.split_at(2 * self.nb);
-            (Some(m), qs)
+        let (m, rest) = if self.ty.n_scales() == 2 {
+            let (m, rest) = rest.split_at(2 * self.nb);
+            (Some(m), rest)
         } else {
             (None, rest)
         };
-        PackedRow { d, m, qs }
+        let (qh, qs) = if self.ty.has_qh() {
+            let (qh, qs) = rest.split_at(4 * self.nb);
+            (Some(qh), qs)
+        } else {
+            (None, rest)
+        };
+        PackedRow { d, m, qh, qs }
+    }
+
+    /// Row `r`'s bytes in ggml's layout (K-quants).
+    #[inline]
+    fn raw_row(&self, r: usize) -> &[u8] {
+        let Storage::Packed(data) = &self.data else {
+            unreachable!("raw_row on F32")
+        };
+        &data[r * self.row_bytes..(r + 1) * self.row_bytes]
     }
 
     fn f32_row(&self, r: usize) -> &[f32] {
@@ -332,6 +421,10 @@ impl QMatrix {
             out.copy_from_slice(self.f32_row(r));
             return;
         }
+        if self.ty.is_k() {
+            kquant::dequantize_row(self.ty, self.raw_row(r), out);
+            return;
+        }
         let row = self.packed_row(r);
         for (b, o) in out.chunks_exact_mut(QK).enumerate() {
             let d = f16_at(row.d, b);
@@ -341,11 +434,32 @@ impl QMatrix {
                         *o = d * (q as i8) as f32;
                     }
                 }
+                WeightType::IQ4_NL => {
+                    for (i, o) in o.iter_mut().enumerate() {
+                        let q = scalar::nibble(&row.qs[b * 16..(b + 1) * 16], i);
+                        *o = d * scalar::IQ4NL_VALUES[q as usize] as f32;
+                    }
+                }
+                WeightType::Q5_0 | WeightType::Q5_1 => {
+                    // As ggml (and gguf-py): `d · (q − 16)` for Q5_0, `d · q + m` for Q5_1.
+                    for (i, o) in o.iter_mut().enumerate() {
+                        let q = scalar::quant5(row, b, i) as f32;
+                        *o = match row.m {
+                            Some(m) => d * q + f16_at(m, b),
+                            None => d * (q - 16.0),
+                        };
+                    }
+                }
                 _ => {
-                    let m = row.m.map_or(-8.0 * d, |m| f16_at(m, b));
+                    // As ggml: `d · (q − 8)` for Q4_0 (the same value as `d·q − 8d`, and the
+                    // same sign of zero), `d · q + m` for Q4_1.
+                    let v = |q: u8| match row.m {
+                        Some(m) => d * q as f32 + f16_at(m, b),
+                        None => d * (q as f32 - 8.0),
+                    };
                     for (j, &q) in row.qs[b * 16..(b + 1) * 16].iter().enumerate() {
-                        o[j] = d * (q & 15) as f32 + m;
-                        o[j + 16] = d * (q >> 4) as f32 + m;
+                        o[j] = v(q & 15);
+                        o[j + 16] = v(q >> 4);
                     }
                 }
             }
@@ -373,12 +487,14 @@ impl QMatrix {
         }
     }
 
-    /// A copy of columns `[start, end)` (row-parallel split of the input dimension). For
-    /// quantized types both ends must be multiples of [`QK`].
+    /// A copy of columns `[start, end)` (row-parallel split of the input dimension). Both ends
+    /// must be multiples of the type's block ([`WeightType::block`]).
     pub fn slice_cols(&self, start: usize, end: usize) -> Result<QMatrix, KernelError> {
+        let blk = self.ty.block();
         let bad = start > end
             || end > self.cols
-            || (self.ty.is_quantized() && (!start.is_multiple_of(QK) || !end.is_multiple_of(QK)));
+            || !start.is_multiple_of(blk)
+            || !end.is_multiple_of(blk);
         if bad {
             return Err(KernelError::BadColumnRange {
                 ty: self.ty,
@@ -401,10 +517,18 @@ impl QMatrix {
         let row_bytes = self.ty.row_bytes(cols);
         let mut data = Vec::with_capacity(self.rows * row_bytes);
         for r in 0..self.rows {
+            if self.ty.is_k() {
+                let sb = self.ty.block_bytes();
+                data.extend_from_slice(&self.raw_row(r)[start / blk * sb..end / blk * sb]);
+                continue;
+            }
             let row = self.packed_row(r);
             data.extend_from_slice(&row.d[2 * b0..2 * b1]);
             if let Some(m) = row.m {
                 data.extend_from_slice(&m[2 * b0..2 * b1]);
+            }
+            if let Some(qh) = row.qh {
+                data.extend_from_slice(&qh[4 * b0..4 * b1]);
             }
             data.extend_from_slice(&row.qs[qsb * b0..qsb * b1]);
         }

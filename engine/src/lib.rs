@@ -8,12 +8,15 @@
 //! - [`schedule`] decides each step's batch (continuous batching, chunked prefill, preemption);
 //! - [`model`] runs the forward pass over that batch with [`kernels`] (quantized matmuls) and a
 //!   paged-attention kernel that reads keys and values straight from block slots;
-//! - [`sample`] turns logits into tokens; [`engine`] is the handle async callers use.
+//! - [`sample`] turns logits into tokens (under a [`constrain`] grammar's mask when the request
+//!   has one); [`engine`] is the handle async callers use.
 
 pub mod chat;
 pub mod collective;
+pub mod constrain;
 pub mod engine;
 pub mod gguf;
+pub mod inspect;
 pub mod kernels;
 pub mod kv;
 pub mod load;

@@ -39,7 +39,7 @@ pub enum ModelError {
     #[error("unsupported architecture {0:?} (supported: llama, mistral, qwen2, qwen3, qwen2moe, qwen3moe)")]
     UnsupportedArch(String),
     /// A weight is stored in a format the kernels cannot use.
-    #[error("tensor {name} has unsupported type {ty} (supported: f32, f16, q4_0, q4_1, q8_0)")]
+    #[error("tensor {name} has unsupported type {ty} (supported: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl, q2_K, q3_K, q4_K, q5_K, q6_K)")]
     UnsupportedTensorType {
         /// The tensor.
         name: String,

@@ -1,7 +1,10 @@
 //! Turning logits into the next token: greedy, temperature, top-k, top-p, seeded RNG, and
 //! per-token log-probabilities with the top alternatives.
 
+use llguidance::toktrie::SimpleVob;
 use serde::{Deserialize, Serialize};
+
+use crate::constrain::Constraint;
 
 /// How to pick tokens and when to stop, per request.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -25,6 +28,8 @@ pub struct SamplingParams {
     pub ignore_eos: bool,
     /// Return each sampled token's log-probability and this many top alternatives.
     pub logprobs: Option<usize>,
+    /// What the output must match (JSON schema, regex, grammar, choice), if anything.
+    pub constraint: Option<Constraint>,
 }
 
 impl Default for SamplingParams {
@@ -39,6 +44,7 @@ impl Default for SamplingParams {
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             logprobs: None,
+            constraint: None,
         }
     }
 }
@@ -124,6 +130,17 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
+/// Index of the largest logit among the tokens `ok` allows (lowest id on ties; 0 if none).
+fn argmax_where(logits: &[f32], ok: impl Fn(u32) -> bool) -> u32 {
+    let mut best: Option<usize> = None;
+    for (i, &v) in logits.iter().enumerate() {
+        if ok(i as u32) && best.is_none_or(|b| v > logits[b]) {
+            best = Some(i);
+        }
+    }
+    best.unwrap_or(0) as u32
+}
+
 /// log-softmax normaliser: `log Σ exp(l)`.
 fn log_sum_exp(logits: &[f32]) -> f32 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -142,10 +159,29 @@ impl Sampler {
 
     /// Picks the next token from `logits` and, if asked, its log-probabilities.
     pub fn sample(&mut self, logits: &[f32], p: &SamplingParams) -> (u32, Option<TokenLogprob>) {
-        let token = if p.temperature <= 0.0 || p.top_k == 1 {
-            argmax(logits)
-        } else {
-            self.sample_random(logits, p)
+        self.sample_masked(logits, p, None)
+    }
+
+    /// [`Self::sample`] among the tokens `allowed` permits (a grammar's mask; ids past its end
+    /// are not allowed). Log-probabilities stay the model's own, before the mask, as vLLM
+    /// reports them. The mask must allow at least one token.
+    pub fn sample_masked(
+        &mut self,
+        logits: &[f32],
+        p: &SamplingParams,
+        allowed: Option<&SimpleVob>,
+    ) -> (u32, Option<TokenLogprob>) {
+        let token = match allowed {
+            None if p.temperature <= 0.0 || p.top_k == 1 => argmax(logits),
+            None => self.sample_random(logits, p, |_| true),
+            Some(m) => {
+                let ok = |i: u32| (i as usize) < m.len() && m.is_allowed(i);
+                if p.temperature <= 0.0 || p.top_k == 1 {
+                    argmax_where(logits, ok)
+                } else {
+                    self.sample_random(logits, p, ok)
+                }
+            }
         };
         let lp = p.logprobs.map(|n| {
             let lse = log_sum_exp(logits);
@@ -178,13 +214,19 @@ impl Sampler {
         (token, lp)
     }
 
-    fn sample_random(&mut self, logits: &[f32], p: &SamplingParams) -> u32 {
+    fn sample_random(
+        &mut self,
+        logits: &[f32],
+        p: &SamplingParams,
+        allowed: impl Fn(u32) -> bool,
+    ) -> u32 {
         let c = &mut self.scratch;
         c.clear();
         c.extend(
             logits
                 .iter()
                 .enumerate()
+                .filter(|(i, _)| allowed(*i as u32))
                 .map(|(i, &l)| (i as u32, l / p.temperature)),
         );
         let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
@@ -193,7 +235,9 @@ impl Sampler {
             c.truncate(p.top_k);
         }
         c.sort_by(by_logit);
-        let max = c[0].1;
+        let Some(&(_, max)) = c.first() else {
+            return 0;
+        };
         let mut total = 0.0f64;
         for e in c.iter_mut() {
             e.1 = ((e.1 - max) as f64).exp() as f32;
@@ -308,5 +352,30 @@ mod tests {
             ..Default::default()
         };
         assert!(bad.validate().unwrap_err().contains("temperature"));
+    }
+
+    #[test]
+    fn a_mask_limits_greedy_and_random_picks_but_not_logprobs() {
+        let logits = [5.0, 1.0, 3.0, 2.0];
+        let mut m = SimpleVob::alloc(4);
+        m.allow_token(2);
+        m.allow_token(3);
+        let p = SamplingParams {
+            logprobs: Some(1),
+            ..Default::default()
+        };
+        let (t, lp) = Sampler::new(0).sample_masked(&logits, &p, Some(&m));
+        assert_eq!(t, 2);
+        // The model's own distribution: token 0 is still the most likely.
+        assert_eq!(lp.unwrap().top[0].0, 0);
+        let hot = SamplingParams {
+            temperature: 2.0,
+            ..Default::default()
+        };
+        let mut s = Sampler::new(9);
+        for _ in 0..200 {
+            let (t, _) = s.sample_masked(&logits, &hot, Some(&m));
+            assert!(t == 2 || t == 3, "{t}");
+        }
     }
 }

@@ -4,9 +4,9 @@
 //! 1. special tokens written literally in the text are cut out first, longest first (control
 //!    tokens only when `parse_special`; user-defined tokens always, as llama.cpp does);
 //! 2. each remaining stretch of text is pre-tokenized by the model's regex list
-//!    ([`pretok`], chosen by `tokenizer.ggml.pre`);
+//!    (`pretok`, chosen by `tokenizer.ggml.pre`);
 //! 3. each piece's bytes become byte-level symbols and BPE merges apply lowest rank first
-//!    ([`bpe`]).
+//!    (`bpe`).
 //!
 //! Decoding maps each token back to the bytes it spells; [`StreamDecoder`] does so incrementally
 //! without ever splitting a UTF-8 character.

@@ -218,3 +218,87 @@ async fn missing_kv_falls_back_to_local_prefill_or_aborts_without_leaks() {
     drop(prx);
     assert_eq!(settle(&p).await.pool.used, 0);
 }
+
+/// A constrained request: the prefill engine samples the first token under the grammar, the
+/// decode engine's grammar consumes it and constrains the rest; the output is the one engine's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn constrained_output_is_the_same_disaggregated() {
+    use cleave_engine::constrain::Constraint;
+    let tok = &common::loaded().tokenizer;
+    let prompt = tok.encode(
+        "<|im_start|>user\nDescribe a city as JSON.<|im_end|>\n<|im_start|>assistant\n",
+        true,
+    );
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 24},
+            "population": {"type": "integer", "minimum": 0},
+            "coastal": {"type": "boolean"}
+        },
+        "required": ["city", "population", "coastal"],
+        "additionalProperties": false
+    });
+    let params = SamplingParams {
+        max_tokens: 80,
+        constraint: Some(Constraint::JsonSchema { schema }),
+        ..Default::default()
+    };
+    let single = engine(32);
+    let (want, reason) = tokens_of(
+        single
+            .submit(GenerateRequest::new(prompt.clone(), params.clone()))
+            .unwrap()
+            .1,
+    )
+    .await;
+    assert_eq!(reason, FinishReason::Stop);
+    let text = tok.decode(&want);
+    let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    assert_eq!(v.as_object().map(|o| o.len()), Some(3), "{text}");
+    let (p, d) = (engine(32), engine(32));
+    let (got, _) = disaggregated(&p, &d, prompt, params).await;
+    assert_eq!(got, want, "{:?} vs {text:?}", tok.decode(&got));
+}
+
+/// A first token the decode side's grammar refuses (a prefill worker that ignored the
+/// constraint) aborts that request alone; a request batched beside it is unaffected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_token_outside_the_grammar_aborts_only_its_request() {
+    use cleave_engine::constrain::Constraint;
+    let tok = &common::loaded().tokenizer;
+    let d = engine(32);
+    let free_prompt = tok.encode("The capital of France is", false);
+    let (want, _) = tokens_of(
+        d.submit(GenerateRequest::new(free_prompt.clone(), greedy(16)))
+            .unwrap()
+            .1,
+    )
+    .await;
+    let params = SamplingParams {
+        max_tokens: 16,
+        constraint: Some(Constraint::Regex {
+            pattern: "[0-9]+".into(),
+        }),
+        ..Default::default()
+    };
+    let req = GenerateRequest {
+        prompt: tok.encode("Pick a number:", false),
+        params,
+        mode: PrefillMode::Import,
+    };
+    let (id, mut rx) = d.submit(req).unwrap();
+    assert!(matches!(rx.recv().await, Some(SeqEvent::KvNeeded { .. })));
+    let (_, free_rx) = d
+        .submit(GenerateRequest::new(free_prompt, greedy(16)))
+        .unwrap();
+    // "x" is no digit.
+    let bad = tok.encode("x", false)[0];
+    d.kv_imported(id, bad, None);
+    let (ids, reason) = tokens_of(rx).await;
+    assert_eq!((ids, reason), (vec![bad], FinishReason::Aborted));
+    let (got, _) = tokens_of(free_rx).await;
+    assert_eq!(got, want);
+    let s = settle(&d).await;
+    assert_eq!(s.pool.used, 0, "{:?}", s.pool);
+}

@@ -3,83 +3,10 @@
 
 mod common;
 
-use cleave_engine::engine::{Engine, EngineConfig, FinishReason, GenerateRequest, SeqEvent, Usage};
-use cleave_engine::kv::memory::KvDtype;
+use common::{collect, engine, greedy, prompt, run_all};
+
+use cleave_engine::engine::{Engine, FinishReason, GenerateRequest, SeqEvent};
 use cleave_engine::sample::SamplingParams;
-use cleave_engine::schedule::SchedulerConfig;
-
-fn engine(num_blocks: usize, step_tokens: usize, prefix_caching: bool) -> Engine {
-    let (m, t) = common::model_and_tokenizer();
-    let config = EngineConfig {
-        num_blocks,
-        kv_dtype: KvDtype::F32,
-        max_model_len: None,
-        scheduler: SchedulerConfig {
-            step_tokens,
-            prefix_caching,
-            ..Default::default()
-        },
-    };
-    Engine::start(m, t, config)
-}
-
-fn prompt(text: &str) -> Vec<u32> {
-    common::loaded().tokenizer.encode(text, false)
-}
-
-fn greedy(max_tokens: usize) -> SamplingParams {
-    SamplingParams {
-        max_tokens,
-        ignore_eos: true,
-        ..Default::default()
-    }
-}
-
-struct Outcome {
-    ids: Vec<u32>,
-    text: String,
-    reason: FinishReason,
-    usage: Usage,
-}
-
-async fn collect(mut rx: tokio::sync::mpsc::UnboundedReceiver<SeqEvent>) -> Outcome {
-    let (mut ids, mut text) = (Vec::new(), String::new());
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            SeqEvent::Token { id, text: t, .. } => {
-                ids.push(id);
-                text.push_str(&t);
-            }
-            SeqEvent::Done {
-                reason,
-                usage,
-                text: t,
-            } => {
-                text.push_str(&t);
-                return Outcome {
-                    ids,
-                    text,
-                    reason,
-                    usage,
-                };
-            }
-            other => panic!("unexpected event {other:?}"),
-        }
-    }
-    panic!("stream ended without Done");
-}
-
-async fn run_all(e: &Engine, reqs: Vec<(Vec<u32>, SamplingParams)>) -> Vec<Outcome> {
-    let rxs: Vec<_> = reqs
-        .into_iter()
-        .map(|(prompt, params)| e.submit(GenerateRequest::new(prompt, params)).unwrap().1)
-        .collect();
-    let mut out = Vec::new();
-    for rx in rxs {
-        out.push(collect(rx).await);
-    }
-    out
-}
 
 async fn wait_idle(e: &Engine) {
     for _ in 0..1000 {
@@ -226,10 +153,7 @@ async fn stop_strings_eos_and_bad_requests() {
         out.text
     );
     // A chat prompt ends with <|im_end|> (an end-of-generation token) well before 200 tokens.
-    let msg = cleave_engine::chat::ChatMessage {
-        role: "user".into(),
-        content: "Say hello.".into(),
-    };
+    let msg = cleave_engine::chat::ChatMessage::new("user", "Say hello.");
     let text = l.template.as_ref().unwrap().render(&[msg], true).unwrap();
     let params = SamplingParams {
         max_tokens: 200,

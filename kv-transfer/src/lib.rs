@@ -7,7 +7,7 @@
 //! [`Transport::write`] with a list of [`WriteOp`]s (block runs) to copy its finished blocks into
 //! that region; the call returns once the bytes are visible at the remote.
 //!
-//! Data path: [`plan`] (validate and coalesce ops) → `send` (the backend moves bytes) → `recv`
+//! Data path: [`plan`](mod@plan) (validate and coalesce ops) → `send` (the backend moves bytes) → `recv`
 //! (the owner's side, only active for TCP: UCX writes land one-sided with the owner asleep).
 //!
 //! Backends, one file each under `transport/`: UCX one-sided RMA (`ucx`, compiled when the build
@@ -27,7 +27,8 @@ pub use transport::tcp::TcpTransport;
 #[cfg(have_ucx)]
 pub use transport::ucx::UcxTransport;
 pub use transport::{
-    default_transport, ucx_available, Backend, BackendChoice, Transport, TransportConfig,
+    default_transport, ucx_available, ucx_or_skip, Backend, BackendChoice, Transport,
+    TransportConfig,
 };
 
 use serde::{Deserialize, Serialize};

@@ -117,6 +117,10 @@ pub fn ucx_available() -> bool {
     cfg!(have_ucx)
 }
 
+/// For tests that need UCX: see [`cleave_ucx_sys::ucx_or_skip`] (a visible skip, or a failure
+/// under `CLEAVE_REQUIRE_UCX=1`).
+pub use cleave_ucx_sys::ucx_or_skip;
+
 /// Builds the process's transport: UCX when available (and chosen), else TCP with one info log
 /// line. Must be called inside a tokio runtime (the TCP listener is spawned on it).
 pub fn default_transport(config: &TransportConfig) -> Result<Arc<dyn Transport>, Error> {

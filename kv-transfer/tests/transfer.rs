@@ -4,7 +4,7 @@
 
 use anyhow::{ensure, Context, Result};
 use cleave_kv_transfer::{
-    default_transport, ucx_available, Backend, BackendChoice, Error, RegionHandle, Transport,
+    default_transport, ucx_or_skip, Backend, BackendChoice, Error, RegionHandle, Transport,
     TransportConfig, WriteOp,
 };
 use std::io::{BufRead, BufReader, Write};
@@ -24,8 +24,7 @@ fn config(choice: BackendChoice) -> TransportConfig {
 
 /// A transport of `choice`, or `None` (with a message) when UCX is not in this build.
 fn transport(choice: BackendChoice) -> Option<Arc<dyn Transport>> {
-    if choice == BackendChoice::Ucx && !ucx_available() {
-        eprintln!("skipping: UCX is not available in this build (pkg-config found no ucx)");
+    if choice == BackendChoice::Ucx && !ucx_or_skip("kv-transfer over UCX") {
         return None;
     }
     let t = default_transport(&config(choice)).expect("transport");
@@ -419,7 +418,7 @@ async fn child_process(choice: BackendChoice) -> Result<()> {
 /// A transport listening on every interface names the advertised IP in its address and
 /// region descriptors (what peers on other hosts dial); without one it refuses to start.
 async fn wildcard_listen_advertises(choice: BackendChoice) -> Result<()> {
-    if choice == BackendChoice::Ucx && !ucx_available() {
+    if choice == BackendChoice::Ucx && !ucx_or_skip("wildcard_listen_advertises over UCX") {
         return Ok(());
     }
     let mut cfg = config(choice);

@@ -9,6 +9,7 @@ pub mod client;
 pub mod plot;
 pub mod progress;
 pub mod report;
+pub mod resources;
 pub mod runner;
 pub mod scrape;
 pub mod sse;

@@ -60,7 +60,8 @@ fn color(i: usize) -> RGBColor {
     C[i % C.len()]
 }
 
-/// Draws `lines` into `area` as a line chart with markers.
+/// Draws `lines` into `area` as a line chart with markers; lines from `dashed_from` on are
+/// thin and reuse the first lines' colours.
 fn panel<DB: DrawingBackend>(
     area: &DrawingArea<DB, plotters::coord::Shift>,
     title: &str,
@@ -68,6 +69,24 @@ fn panel<DB: DrawingBackend>(
     ylabel: &str,
     lines: &[Line],
     dashed_from: usize,
+) -> anyhow::Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let styles: Vec<(usize, u32)> = (0..lines.len())
+        .map(|i| (i % dashed_from.max(1), if i >= dashed_from { 1 } else { 2 }))
+        .collect();
+    styled_panel(area, title, xlabel, ylabel, lines, &styles)
+}
+
+/// Draws `lines` into `area`, line `i` in colour `styles[i].0` and width `styles[i].1`.
+fn styled_panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    xlabel: &str,
+    ylabel: &str,
+    lines: &[Line],
+    styles: &[(usize, u32)],
 ) -> anyhow::Result<()>
 where
     DB::ErrorType: 'static,
@@ -100,12 +119,9 @@ where
         .draw()
         .map_err(|e| anyhow::anyhow!("chart {title}: {e}"))?;
     for (i, (name, p)) in lines.iter().enumerate() {
-        let c = color(i % dashed_from.max(1));
-        let style = if i >= dashed_from {
-            c.stroke_width(1)
-        } else {
-            c.stroke_width(2)
-        };
+        let (ci, width) = styles.get(i).copied().unwrap_or((i, 2));
+        let c = color(ci);
+        let style = c.stroke_width(width);
         chart
             .draw_series(LineSeries::new(p.iter().copied(), style))
             .map_err(|e| anyhow::anyhow!("chart {title}: {e}"))?
@@ -139,8 +155,9 @@ fn cdf(values: impl Iterator<Item = f64>) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// Writes `latency_vs_load.png`, `ttft_cdf.png` and `itl_cdf.png` for `reports` (name, report)
-/// into `dir`; returns the paths.
+/// Writes `latency_vs_load.png` (against the first point's kind of load), with closed-loop
+/// points `latency_vs_concurrency.png`, and `ttft_cdf.png` and `itl_cdf.png` for `reports`
+/// (name, report) into `dir`; returns the paths.
 ///
 /// # Errors
 /// No font, an unwritable directory, or a drawing error.
@@ -150,6 +167,7 @@ pub fn write_charts(dir: &Path, reports: &[(String, &Report)]) -> anyhow::Result
         bail!("nothing to plot");
     }
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let first_kind = reports[0].1.points.first().map(|p| kind(&p.load));
     let xlabel = match reports[0].1.points.first().map(|p| p.load) {
         Some(crate::arrival::Load::Concurrency { .. }) => "concurrency",
         Some(crate::arrival::Load::Replay { .. }) => "1 / time scale",
@@ -172,7 +190,11 @@ pub fn write_charts(dir: &Path, reports: &[(String, &Report)]) -> anyhow::Result
             let mut lines: Vec<Line> = Vec::new();
             for (q, idx) in [("p50", 0), ("p99", 1)] {
                 for (name, r) in reports {
-                    let p = r.points.iter().map(|p| {
+                    let same_axis = r
+                        .points
+                        .iter()
+                        .filter(|p| Some(kind(&p.load)) == first_kind);
+                    let p = same_axis.map(|p| {
                         let v = pick(&p.stats);
                         (p.load.x(), if idx == 0 { v.0 } else { v.1 })
                     });
@@ -192,6 +214,9 @@ pub fn write_charts(dir: &Path, reports: &[(String, &Report)]) -> anyhow::Result
             .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
     }
     paths.push(path);
+    if let Some(path) = concurrency_chart(dir, reports)? {
+        paths.push(path);
+    }
 
     for (file, title, itl) in [
         ("ttft_cdf.png", "TTFT distribution (CDF)", false),
@@ -224,4 +249,90 @@ pub fn write_charts(dir: &Path, reports: &[(String, &Report)]) -> anyhow::Result
         paths.push(path);
     }
     Ok(paths)
+}
+
+/// Which axis a load point belongs on (rate, replay and concurrency sweeps are not mixed).
+fn kind(load: &crate::arrival::Load) -> u8 {
+    match load {
+        crate::arrival::Load::Rate { .. } => 0,
+        crate::arrival::Load::Replay { .. } => 1,
+        crate::arrival::Load::Concurrency { .. } => 2,
+    }
+}
+
+/// `latency_vs_concurrency.png` when the run has closed-loop points: TTFT and ITL p50/p90/p99
+/// and output tokens/s against concurrency, one colour per configuration (p50 thickest, p99
+/// thinnest), so the crossovers between configurations show on one chart.
+fn concurrency_chart(dir: &Path, reports: &[(String, &Report)]) -> anyhow::Result<Option<PathBuf>> {
+    let closed = |r: &Report| -> Vec<(f64, crate::stats::PointStats)> {
+        r.points
+            .iter()
+            .filter(|p| matches!(p.load, crate::arrival::Load::Concurrency { .. }))
+            .map(|p| (p.load.x(), p.stats.clone()))
+            .collect()
+    };
+    if reports.iter().all(|(_, r)| closed(r).is_empty()) {
+        return Ok(None);
+    }
+    let path = dir.join("latency_vs_concurrency.png");
+    draw_concurrency(&path, reports, closed)?;
+    Ok(Some(path))
+}
+
+fn draw_concurrency(
+    path: &Path,
+    reports: &[(String, &Report)],
+    closed: impl Fn(&Report) -> Vec<(f64, crate::stats::PointStats)>,
+) -> anyhow::Result<()> {
+    let root = BitMapBackend::new(path, (1800, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let panels = root.split_evenly((1, 3));
+    type Pick = fn(&crate::stats::PointStats) -> [f64; 3];
+    let metrics: [(&str, Pick); 2] = [
+        ("TTFT p50 (thick) / p90 / p99 (thin)", |s| {
+            [s.ttft_ms.p50, s.ttft_ms.p90, s.ttft_ms.p99]
+        }),
+        ("ITL p50 (thick) / p90 / p99 (thin)", |s| {
+            [s.itl_ms.p50, s.itl_ms.p90, s.itl_ms.p99]
+        }),
+    ];
+    for (area, (title, pick)) in panels.iter().zip(metrics) {
+        let (mut lines, mut styles): (Vec<Line>, Vec<(usize, u32)>) = (Vec::new(), Vec::new());
+        for (q, (label, width)) in [("p50", 3), ("p90", 2), ("p99", 1)].iter().enumerate() {
+            for (c, (name, r)) in reports.iter().enumerate() {
+                let pts = closed(r).iter().map(|(x, s)| (*x, pick(s)[q])).collect();
+                lines.push((format!("{name} {label}"), pts));
+                styles.push((c, *width));
+            }
+        }
+        styled_panel(
+            area,
+            title,
+            "concurrency (requests in flight)",
+            "ms",
+            &lines,
+            &styles,
+        )?;
+    }
+    let (lines, styles): (Vec<Line>, Vec<(usize, u32)>) = reports
+        .iter()
+        .enumerate()
+        .map(|(c, (name, r))| {
+            let pts = closed(r)
+                .iter()
+                .map(|(x, s)| (*x, s.output_tokens_per_s))
+                .collect();
+            ((name.clone(), pts), (c, 2))
+        })
+        .unzip();
+    styled_panel(
+        &panels[2],
+        "output tokens/s",
+        "concurrency (requests in flight)",
+        "tok/s",
+        &lines,
+        &styles,
+    )?;
+    root.present()
+        .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))
 }

@@ -5,6 +5,7 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
+use crate::resources::{compute_differences, unequal_banner, Resources};
 use crate::runner::PointResult;
 use crate::stats::{percentile, Summary};
 use crate::tokens::Prompt;
@@ -41,6 +42,8 @@ pub struct Header {
     pub machine: String,
     /// Anything else to state (prompt format, ignore_eos, seed).
     pub notes: String,
+    /// What the configuration runs on (known when `bench compare` started it).
+    pub resources: Option<Resources>,
 }
 
 /// Describes `values` as "mean m, p50 a, p99 b, max c".
@@ -157,6 +160,13 @@ impl Header {
             ("warm-up", self.warmup.clone()),
             ("SLOs (goodput)", self.slo.clone()),
             ("machine", self.machine.clone()),
+            (
+                "resources",
+                self.resources.as_ref().map(Resources::to_text).unwrap_or_else(|| {
+                    "not known (an external endpoint: state its processes, threads and KV blocks yourself)"
+                        .into()
+                }),
+            ),
             ("notes", self.notes.clone()),
         ];
         for (k, v) in rows {
@@ -221,18 +231,45 @@ impl Report {
 pub struct Comparison {
     /// (name, report) in run order; the first is the baseline of the ratios.
     pub configs: Vec<(String, Report)>,
+    /// Configurations whose compute differs from the baseline's, and how.
+    pub unequal_compute: Vec<(String, String)>,
+    /// Whether ratios are printed for them anyway (`--allow-unequal`).
+    pub allow_unequal: bool,
 }
 
 impl Comparison {
-    /// Each configuration's table, then ratios against the first at every load point.
+    /// A comparison of `configs` (the first is the baseline); finds which differ in compute.
+    pub fn new(configs: Vec<(String, Report)>, allow_unequal: bool) -> Self {
+        let named: Vec<(&str, Option<&Resources>)> = configs
+            .iter()
+            .map(|(n, r)| (n.as_str(), r.header.resources.as_ref()))
+            .collect();
+        let unequal_compute = compute_differences(&named);
+        Comparison {
+            configs,
+            unequal_compute,
+            allow_unequal,
+        }
+    }
+
+    /// Each configuration's table, then ratios against the first at every load point, except
+    /// for configurations whose compute differs from the baseline's (unless allowed).
     pub fn to_table(&self) -> String {
         let mut o = String::new();
-        for (name, r) in &self.configs {
-            let _ = writeln!(o, "== {name}\n{}", r.to_table());
-        }
         let Some((base_name, base)) = self.configs.first() else {
             return o;
         };
+        let banner = (!self.unequal_compute.is_empty())
+            .then(|| unequal_banner(base_name, &self.unequal_compute, self.allow_unequal));
+        if let Some(b) = &banner {
+            o.push_str(b);
+        }
+        for (name, r) in &self.configs {
+            let _ = writeln!(o, "== {name}\n{}", r.to_table());
+        }
+        if let Some(b) = &banner {
+            o.push_str(b);
+        }
         let _ = writeln!(
             o,
             "== ratios against {base_name} (value / baseline; <1 is lower)"
@@ -251,6 +288,14 @@ impl Comparison {
             "prefix"
         );
         for (name, r) in &self.configs[1..] {
+            let unequal = self.unequal_compute.iter().find(|(n, _)| n == name);
+            if let (Some((_, why)), false) = (unequal, self.allow_unequal) {
+                let _ = writeln!(
+                    o,
+                    "{name:<24} ratios withheld: unequal compute ({why}); --allow-unequal prints them"
+                );
+                continue;
+            }
             for (p, b) in r.points.iter().zip(&base.points) {
                 let ratio = |x: f64, y: f64| {
                     if y > 0.0 {
@@ -282,5 +327,75 @@ impl Comparison {
             }
         }
         o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arrival::Load;
+    use crate::scrape::CleaveDelta;
+    use crate::stats::PointStats;
+
+    fn report(threads: usize, ttft_p50: f64) -> Report {
+        let mut stats = PointStats::default();
+        stats.ttft_ms.p50 = ttft_p50;
+        Report {
+            header: Header {
+                resources: Some(Resources {
+                    processes: 3,
+                    compute_threads: threads,
+                    cores: "0-1".into(),
+                    ..Resources::default()
+                }),
+                ..Header::default()
+            },
+            points: vec![PointResult {
+                load: Load::Concurrency { concurrency: 4 },
+                stats,
+                cleave: CleaveDelta::default(),
+                results: Vec::new(),
+            }],
+        }
+    }
+
+    #[test]
+    fn ratios_are_withheld_for_unequal_compute_unless_allowed() {
+        let configs = vec![
+            ("agg".to_string(), report(2, 100.0)),
+            ("pd".to_string(), report(2, 150.0)),
+            ("big".to_string(), report(4, 50.0)),
+        ];
+        let c = Comparison::new(configs.clone(), false);
+        assert_eq!(
+            c.unequal_compute,
+            vec![("big".to_string(), "4 compute threads vs 2".to_string())]
+        );
+        let t = c.to_table();
+        assert!(t.contains("UNEQUAL COMPUTE"), "{t}");
+        assert!(t.contains("2 compute threads"), "{t}");
+        // Equal compute: the ratio is there; unequal: withheld, no number.
+        assert!(t.contains("1.50×"), "{t}");
+        assert!(
+            t.contains("big                      ratios withheld"),
+            "{t}"
+        );
+        assert!(!t.contains("0.50×"), "{t}");
+        let allowed = Comparison::new(configs.clone(), true).to_table();
+        assert!(allowed.contains("0.50×") && allowed.contains("printed anyway"));
+        // All equal: no banner at all.
+        let fair = Comparison::new(configs[..2].to_vec(), false).to_table();
+        assert!(
+            !fair.contains("UNEQUAL") && fair.contains("1.50×"),
+            "{fair}"
+        );
+        // A configuration without known resources cannot be shown to be equal.
+        let mut unknown = configs[..2].to_vec();
+        unknown[1].1.header.resources = None;
+        let t = Comparison::new(unknown, false).to_table();
+        assert!(
+            t.contains("ratios withheld: unequal compute (resources unknown)"),
+            "{t}"
+        );
     }
 }

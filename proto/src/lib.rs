@@ -10,14 +10,16 @@ pub mod v1 {
 
 /// Between the wire's sampling parameters and the engine's, in both directions.
 pub mod convert {
+    use cleave_engine::constrain::Constraint;
     use cleave_engine::sample::SamplingParams;
 
     use crate::v1 as pb;
 
     /// The engine's sampling parameters from the wire (`top_p` 0 means unset); validation is
-    /// the caller's (`SamplingParams::validate`).
-    pub fn sampling_from_wire(p: pb::SamplingParams) -> SamplingParams {
-        SamplingParams {
+    /// the caller's (`SamplingParams::validate`). Fails only on a JSON schema that is not JSON.
+    pub fn sampling_from_wire(p: pb::SamplingParams) -> Result<SamplingParams, String> {
+        let constraint = p.constraint.map(constraint_from_wire).transpose()?;
+        Ok(SamplingParams {
             temperature: p.temperature,
             top_k: p.top_k as usize,
             top_p: if p.top_p == 0.0 { 1.0 } else { p.top_p },
@@ -27,7 +29,37 @@ pub mod convert {
             stop_token_ids: p.stop_token_ids,
             ignore_eos: p.ignore_eos,
             logprobs: p.logprobs.map(|n| n as usize),
-        }
+            constraint,
+        })
+    }
+
+    fn constraint_from_wire(c: pb::Constraint) -> Result<Constraint, String> {
+        use pb::constraint::Kind;
+        Ok(match c.kind {
+            None => return Err("constraint: no kind is set".into()),
+            Some(Kind::JsonObject(_)) => Constraint::JsonObject,
+            Some(Kind::JsonSchema(s)) => Constraint::JsonSchema {
+                schema: serde_json::from_str(&s)
+                    .map_err(|e| format!("constraint.json_schema is not JSON: {e}"))?,
+            },
+            Some(Kind::Regex(pattern)) => Constraint::Regex { pattern },
+            Some(Kind::Lark(grammar)) => Constraint::Lark { grammar },
+            Some(Kind::Choice(c)) => Constraint::Choice { choices: c.choices },
+        })
+    }
+
+    fn constraint_to_wire(c: &Constraint) -> pb::Constraint {
+        use pb::constraint::Kind;
+        let kind = match c {
+            Constraint::JsonObject => Kind::JsonObject(true),
+            Constraint::JsonSchema { schema } => Kind::JsonSchema(schema.to_string()),
+            Constraint::Regex { pattern } => Kind::Regex(pattern.clone()),
+            Constraint::Lark { grammar } => Kind::Lark(grammar.clone()),
+            Constraint::Choice { choices } => Kind::Choice(pb::constraint::Choices {
+                choices: choices.clone(),
+            }),
+        };
+        pb::Constraint { kind: Some(kind) }
     }
 
     /// The wire form of the engine's sampling parameters.
@@ -42,6 +74,7 @@ pub mod convert {
             stop_token_ids: p.stop_token_ids.clone(),
             ignore_eos: p.ignore_eos,
             logprobs: p.logprobs.map(|n| n as u32),
+            constraint: p.constraint.as_ref().map(constraint_to_wire),
         }
     }
 
@@ -61,9 +94,47 @@ pub mod convert {
                 stop_token_ids: vec![2],
                 ignore_eos: true,
                 logprobs: Some(2),
+                constraint: None,
             };
-            assert_eq!(sampling_from_wire(sampling_to_wire(&p)), p);
-            assert_eq!(sampling_from_wire(pb::SamplingParams::default()).top_p, 1.0);
+            assert_eq!(sampling_from_wire(sampling_to_wire(&p)), Ok(p.clone()));
+            assert_eq!(
+                sampling_from_wire(pb::SamplingParams::default()).map(|p| p.top_p),
+                Ok(1.0)
+            );
+            let constraints = [
+                Constraint::JsonObject,
+                Constraint::JsonSchema {
+                    schema: serde_json::json!({"type": "object", "required": ["a"]}),
+                },
+                Constraint::Regex {
+                    pattern: "[0-9]+".into(),
+                },
+                Constraint::Lark {
+                    grammar: "start: \"x\"".into(),
+                },
+                Constraint::Choice {
+                    choices: vec!["yes".into(), "no".into()],
+                },
+            ];
+            for c in constraints {
+                let q = SamplingParams {
+                    constraint: Some(c),
+                    ..p.clone()
+                };
+                assert_eq!(sampling_from_wire(sampling_to_wire(&q)), Ok(q));
+            }
+        }
+
+        #[test]
+        fn a_schema_that_is_not_json_is_refused_by_name() {
+            let p = pb::SamplingParams {
+                constraint: Some(pb::Constraint {
+                    kind: Some(pb::constraint::Kind::JsonSchema("{not json".into())),
+                }),
+                ..Default::default()
+            };
+            let e = sampling_from_wire(p).unwrap_err();
+            assert!(e.contains("constraint.json_schema"), "{e}");
         }
     }
 }

@@ -19,6 +19,9 @@ pub mod metrics;
 pub mod openai;
 pub mod prepare;
 pub mod sse;
+pub mod structured;
+pub mod toolparse;
+pub mod tools;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -31,6 +34,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Json;
 use cleave_engine::chat::ChatTemplate;
+use cleave_engine::constrain::LazyGrammars;
 use cleave_engine::tokenizer::Tokenizer;
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
@@ -54,6 +58,8 @@ pub struct ApiState {
     pub template: Option<Arc<ChatTemplate>>,
     /// The model's context length in tokens (prompt + completion).
     pub max_context: usize,
+    /// Compiles output constraints (JSON schemas, grammars) to check them before placing.
+    pub grammars: Arc<LazyGrammars>,
     /// Accepted bearer tokens; `None` disables authentication.
     pub api_keys: Option<HashSet<String>>,
     /// In-flight and queue limits, and each request's deadline.
@@ -157,9 +163,18 @@ async fn run(
             template: s.template.clone(),
             max_context: s.max_context,
         };
-        job.prompts = tokio::task::spawn_blocking(move || prepare::tokenize(&t, input, max_tokens))
-            .await
-            .map_err(|e| ApiError::Internal(format!("tokenizer task failed: {e}")))??;
+        let grammars = s.grammars.clone();
+        let (constraint, field, tools) = (
+            job.params.constraint.clone(),
+            job.constraint_field.clone(),
+            job.tools.clone(),
+        );
+        job.prompts = tokio::task::spawn_blocking(move || {
+            prepare::check_constraint(&grammars, constraint.as_ref(), &field, tools.as_ref())?;
+            prepare::tokenize(&t, input, max_tokens)
+        })
+        .await
+        .map_err(|e| ApiError::Internal(format!("tokenizer task failed: {e}")))??;
         let meta = Meta::new(
             endpoint,
             s.backend.model_name(),

@@ -11,6 +11,10 @@ use crate::place::PolicyKind;
 /// Router settings.
 #[derive(Clone, Debug, Args)]
 pub struct RouterConfig {
+    /// What the router serves: the OpenAI API (`http`), or the Gateway API Inference
+    /// Extension's endpoint picker over Envoy ext_proc (`endpoint-picker`, docs/endpoint-picker.md).
+    #[arg(long, env = "CLEAVE_MODE", value_enum, default_value = "http")]
+    pub mode: Mode,
     /// Where the OpenAI API listens.
     #[arg(long, env = "CLEAVE_LISTEN", default_value = "127.0.0.1:8000")]
     pub listen: SocketAddr,
@@ -33,7 +37,7 @@ pub struct RouterConfig {
     pub policy: PolicyKind,
     /// Disaggregate only when at least this many prompt blocks (16 tokens) are uncached on the
     /// decode worker; shorter prompts are prefilled where they decode.
-    #[arg(long, env = "CLEAVE_DISAGG_MIN_UNCACHED_BLOCKS", default_value_t = 4)]
+    #[arg(long, env = "CLEAVE_DISAGG_MIN_UNCACHED_BLOCKS", default_value_t = 9)]
     pub disagg_min_uncached_blocks: usize,
     /// A file with one accepted API key per line (enables `Authorization: Bearer` checks).
     #[arg(long, env = "CLEAVE_API_KEYS_FILE")]
@@ -68,6 +72,36 @@ pub struct RouterConfig {
     /// How often all worker pods are listed again besides the watch (which can miss deletions).
     #[arg(long, env = "CLEAVE_KUBE_RELIST", value_parser = parse_secs, default_value = "30")]
     pub kube_relist: Duration,
+    /// Route to a pool of vLLM or SGLang pods (`--kv-events-pod`) instead of cleave workers,
+    /// keeping the prefix index from their ZMQ KV events (docs/kv-events.md).
+    #[arg(long, env = "CLEAVE_KV_EVENTS", value_enum)]
+    pub kv_events: Option<crate::events::KvEventsKind>,
+    /// An engine pod (repeatable): `http://HOST:PORT[,events=tcp://HOST:PORT]
+    /// [,replay=tcp://HOST:PORT][,topic=T]`; the event endpoints default to the pod's host
+    /// with `--kv-events-port` / `--kv-events-replay-port`.
+    #[arg(long = "kv-events-pod")]
+    pub kv_events_pods: Vec<String>,
+    /// The engines' KV-event PUB port.
+    #[arg(long, env = "CLEAVE_KV_EVENTS_PORT", default_value_t = 5557)]
+    pub kv_events_port: u16,
+    /// The engines' KV-event replay (ROUTER) port, if they run one.
+    #[arg(long, env = "CLEAVE_KV_EVENTS_REPLAY_PORT")]
+    pub kv_events_replay_port: Option<u16>,
+    /// The KV-event topic to subscribe to (default: all).
+    #[arg(long, env = "CLEAVE_KV_EVENTS_TOPIC", default_value = "")]
+    pub kv_events_topic: String,
+    #[command(flatten)]
+    pub epp: crate::epp::config::EppConfig,
+}
+
+/// What `cleave-router` serves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// The OpenAI-compatible HTTP API, dispatching to cleave workers.
+    #[default]
+    Http,
+    /// An endpoint picker for an InferencePool behind an Envoy-based Gateway.
+    EndpointPicker,
 }
 
 /// Where workers are discovered besides the static lists.
@@ -93,8 +127,46 @@ impl RouterConfig {
         self.discovery == Some(DiscoveryKind::Kubernetes)
     }
 
+    /// The engine pods of `--kv-events` mode.
+    pub fn engine_pods(&self) -> Result<Vec<crate::events::PodSpec>, String> {
+        let defaults = crate::events::PodDefaults {
+            events_port: self.kv_events_port,
+            replay_port: self.kv_events_replay_port,
+            topic: self.kv_events_topic.clone(),
+            ..Default::default()
+        };
+        self.kv_events_pods
+            .iter()
+            .map(|p| crate::events::PodSpec::parse(p, &defaults))
+            .collect()
+    }
+
     /// Checks that some source of decode workers is configured, and completely.
     pub fn validate(&self) -> Result<(), String> {
+        if self.kv_events.is_some() {
+            if self.kv_events_pods.is_empty() {
+                return Err("--kv-events needs at least one --kv-events-pod".into());
+            }
+            if !self.decode.is_empty() || !self.prefill.is_empty() || self.etcd.is_some() {
+                return Err(
+                    "--kv-events routes to engine pods only: drop --decode, --prefill \
+                            and --etcd"
+                        .into(),
+                );
+            }
+            if self.discovery.is_some() {
+                return Err(
+                    "--kv-events takes its pods from --kv-events-pod, not --discovery".into(),
+                );
+            }
+            return self.engine_pods().map(|_| ());
+        }
+        if !self.kv_events_pods.is_empty() {
+            return Err("--kv-events-pod needs --kv-events vllm|sglang".into());
+        }
+        if self.mode == Mode::EndpointPicker {
+            return self.epp.validate();
+        }
         if self.discovery == Some(DiscoveryKind::Etcd) && self.etcd_endpoints().is_empty() {
             return Err("--discovery etcd needs --etcd endpoints".into());
         }
@@ -121,7 +193,7 @@ impl RouterConfig {
     }
 }
 
-fn parse_secs(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_secs(s: &str) -> Result<Duration, String> {
     s.trim_end_matches('s')
         .parse::<f64>()
         .ok()
@@ -181,5 +253,50 @@ mod tests {
             .unwrap_err()
             .contains("--discovery kubernetes"));
         assert!(Cli::try_parse_from(["router", "--model", "m", "--discovery", "consul"]).is_err());
+    }
+
+    #[test]
+    fn kv_events_mode_is_validated() {
+        let pool = parse(&[
+            "--kv-events",
+            "vllm",
+            "--kv-events-pod",
+            "http://10.0.0.1:8000",
+            "--kv-events-replay-port",
+            "5558",
+        ]);
+        assert_eq!(pool.validate(), Ok(()));
+        let pods = pool.engine_pods().unwrap();
+        assert_eq!(pods[0].events.events, "tcp://10.0.0.1:5557");
+        assert_eq!(
+            pods[0].events.replay.as_deref(),
+            Some("tcp://10.0.0.1:5558")
+        );
+        assert!(parse(&["--kv-events", "sglang"])
+            .validate()
+            .unwrap_err()
+            .contains("--kv-events-pod"));
+        assert!(
+            parse(&["--kv-events-pod", "http://h:1", "--decode", "http://d:1"])
+                .validate()
+                .unwrap_err()
+                .contains("--kv-events vllm")
+        );
+        let mixed = parse(&[
+            "--kv-events",
+            "vllm",
+            "--kv-events-pod",
+            "http://h:1",
+            "--decode",
+            "http://d:1",
+        ]);
+        assert!(mixed.validate().unwrap_err().contains("--decode"));
+        let bad = parse(&["--kv-events", "vllm", "--kv-events-pod", "h:1"]);
+        assert!(bad.validate().unwrap_err().contains("http://"));
+        assert_eq!(
+            parse(&[]).kv_events,
+            None,
+            "cleave workers stay the default"
+        );
     }
 }

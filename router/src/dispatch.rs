@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use cleave_engine::kv::block_hashes;
-use cleave_kv_index::{PrefixIndex, WorkerId};
+use cleave_kv_index::{Matches, PrefixIndex, WorkerId};
 use cleave_proto::v1 as pb;
 use cleave_proto::v1::decode_worker_client::DecodeWorkerClient;
 use tokio_stream::StreamExt;
@@ -54,6 +54,22 @@ impl Default for Cluster {
 }
 
 impl Cluster {
+    /// How many leading blocks of `prompt` each worker caches (the router's block hashes
+    /// looked up in the index).
+    pub fn matches(&self, prompt: &[u32]) -> Matches {
+        let hashes = block_hashes(prompt, BLOCK_SIZE, 0);
+        self.index.lock().expect("index").find_matches(&hashes)
+    }
+
+    /// What a policy needs to place `prompt` with room for `max_tokens` of output.
+    pub fn placement_request(&self, prompt: &[u32], max_tokens: usize) -> PlacementRequest {
+        PlacementRequest {
+            prompt_blocks: prompt.len().div_ceil(BLOCK_SIZE),
+            decode_blocks: max_tokens.div_ceil(BLOCK_SIZE),
+            matches: self.matches(prompt),
+        }
+    }
+
     /// Adds (or replaces) a worker; it takes part in placement once it is healthy.
     pub fn add(
         &self,
@@ -142,18 +158,7 @@ impl Dispatcher {
         prompt: &[u32],
         max_tokens: usize,
     ) -> Result<(PlacementRequest, Placement), PlaceError> {
-        let hashes = block_hashes(prompt, BLOCK_SIZE, 0);
-        let matches = self
-            .cluster
-            .index
-            .lock()
-            .expect("index")
-            .find_matches(&hashes);
-        let req = PlacementRequest {
-            prompt_blocks: prompt.len().div_ceil(BLOCK_SIZE),
-            decode_blocks: max_tokens.div_ceil(BLOCK_SIZE),
-            matches,
-        };
+        let req = self.cluster.placement_request(prompt, max_tokens);
         let placement = self
             .policy
             .place(&req, &self.cluster.view.lock().expect("view"))?;

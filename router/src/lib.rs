@@ -14,10 +14,14 @@
 //!   [`watch`] keeps the index and load current from every worker's `Watch` stream, and
 //!   [`discovery`] says which workers exist. [`serve`] wires it all into the `cleave-router`
 //!   binary ([`config`]).
+//! - [`events`]: KV events of vLLM / SGLang pods (ZMQ, msgpack) into the prefix index, and
+//!   the backend that places requests on such a pool (`--kv-events vllm --kv-events-pod …`).
 //! - [`sim`]: replays a Mooncake-format trace through the real index and policies against
 //!   simulated workers (LRU caches emitting KV events, FIFO service with a simple time model)
 //!   and reports hit rate, load imbalance, TTFT and decision rate per policy
 //!   (`cleave bench route`).
+//! - [`epp`]: `--mode endpoint-picker`, the same placement as an Envoy ext_proc endpoint picker
+//!   for a Gateway API Inference Extension `InferencePool` (cleave, vLLM or SGLang pods).
 
 #![forbid(unsafe_code)]
 
@@ -26,6 +30,8 @@ pub mod api;
 pub mod config;
 pub mod discovery;
 pub mod dispatch;
+pub mod epp;
+pub mod events;
 pub mod place;
 pub mod serve;
 pub mod sim;

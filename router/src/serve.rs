@@ -94,8 +94,19 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
         disagg_min_uncached_blocks: config.disagg_min_uncached_blocks,
         ..Default::default()
     };
-    let dispatcher = Dispatcher::new(cluster.clone(), config.policy.build(&place), model_name)
-        .with_metrics(metrics.clone());
+    let backend: Arc<dyn crate::api::backend::Backend> = match config.kv_events {
+        Some(_) => Arc::new(crate::events::start_pool(
+            &config,
+            cluster.clone(),
+            &place,
+            model_name,
+            shutdown.clone(),
+        )?),
+        None => Arc::new(
+            Dispatcher::new(cluster.clone(), config.policy.build(&place), model_name)
+                .with_metrics(metrics.clone()),
+        ),
+    };
     let admission = Admission::new(
         AdmitConfig {
             max_in_flight: config.max_in_flight,
@@ -106,7 +117,11 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
         metrics.queue_depth.clone(),
     );
     let state = Arc::new(ApiState {
-        backend: Arc::new(dispatcher),
+        backend,
+        grammars: Arc::new(cleave_engine::constrain::LazyGrammars::new(
+            tokenizer.clone(),
+            None,
+        )),
         tokenizer,
         template,
         max_context,
@@ -135,7 +150,11 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
 }
 
 /// Serves until Ctrl-C or SIGTERM, printing `{"http":"addr"}` on stdout once listening.
+/// With `--mode endpoint-picker`, runs the endpoint picker instead ([`crate::epp`]).
 pub fn serve_until_signal(config: RouterConfig) -> anyhow::Result<()> {
+    if config.mode == crate::config::Mode::EndpointPicker {
+        return crate::epp::serve_until_signal(config);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -151,7 +170,7 @@ pub fn serve_until_signal(config: RouterConfig) -> anyhow::Result<()> {
 
 /// The name clients send by default: a GGUF file's name without `.gguf`, a Hugging Face
 /// directory's name.
-fn default_model_name(model: &std::path::Path) -> String {
+pub(crate) fn default_model_name(model: &std::path::Path) -> String {
     let name = if model.is_dir() {
         model.file_name()
     } else {

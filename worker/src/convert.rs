@@ -8,9 +8,11 @@ use tonic::Status;
 pub use cleave_proto::convert::sampling_to_wire;
 
 /// The engine's sampling parameters from the wire; `InvalidArgument` names a bad field.
+// tonic's `Status` is every handler's error type; boxing it here would only be unboxed again.
+#[allow(clippy::result_large_err)]
 pub fn sampling(p: Option<pb::SamplingParams>) -> Result<SamplingParams, Status> {
     let p = p.ok_or_else(|| Status::invalid_argument("params is required"))?;
-    let params = cleave_proto::convert::sampling_from_wire(p);
+    let params = cleave_proto::convert::sampling_from_wire(p).map_err(Status::invalid_argument)?;
     params.validate().map_err(Status::invalid_argument)?;
     Ok(params)
 }

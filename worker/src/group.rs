@@ -1,6 +1,6 @@
 //! Worker groups: one worker made of several processes (tensor-parallel ranks). Rank 0, the
 //! leader, serves gRPC, registers and runs the scheduler; it broadcasts each step to the other
-//! ranks, which only compute ([`run_follower`]). Membership comes from flags or the
+//! ranks, which only compute ([`cleave_engine::engine::run_follower`]). Membership comes from flags or the
 //! environment LeaderWorkerSet provides. See docs/worker-groups.md.
 
 use std::net::SocketAddr;

@@ -16,12 +16,18 @@ use crate::config::{Role, WorkerConfig};
 /// Why registering failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RegisterError {
-    /// etcd could not be reached or refused a request.
+    /// etcd could not be reached or refused a request (boxed: etcd's error is large).
     #[error("etcd: {0}")]
-    Etcd(#[from] etcd_client::Error),
+    Etcd(#[from] Box<etcd_client::Error>),
     /// `--advertise-addr` or the listen address gives no usable endpoint.
     #[error("invalid advertise address {0:?}")]
     Advertise(String),
+}
+
+impl From<etcd_client::Error> for RegisterError {
+    fn from(e: etcd_client::Error) -> Self {
+        RegisterError::Etcd(Box::new(e))
+    }
 }
 
 /// The value stored under a worker's key (the router reads the same JSON).

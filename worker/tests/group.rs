@@ -76,8 +76,7 @@ async fn a_tp3_group_of_processes_generates_the_single_process_tokens() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tp3_group_with_ucx_collectives_generates_the_single_process_tokens() {
-    if !cleave_collective::Transport::Ucx.available() {
-        eprintln!("SKIPPED: this build has no UCX (install libucx-dev; scripts/test does)");
+    if !cleave_kv_transfer::ucx_or_skip("group::tp3 with UCX collectives") {
         return;
     }
     let _one = SERIAL.lock().await;

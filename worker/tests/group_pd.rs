@@ -69,8 +69,7 @@ async fn tp3_groups_on_separate_hosts_do_pd_rank_to_rank() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tp3_prefill_group_feeds_a_tp3_decode_group_rank_to_rank_over_ucx() {
-    if !cleave_kv_transfer::ucx_available() {
-        eprintln!("SKIPPED: this build has no UCX (install libucx-dev; scripts/test does)");
+    if !cleave_kv_transfer::ucx_or_skip("group_pd::rank_to_rank over UCX") {
         return;
     }
     rank_to_rank("ucx", None).await;

@@ -193,8 +193,7 @@ async fn over_tcp() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_ucx() {
-    if !cleave_kv_transfer::ucx_available() {
-        eprintln!("SKIPPED: this build has no UCX (install libucx-dev; scripts/test does)");
+    if !cleave_kv_transfer::ucx_or_skip("pd::over_ucx") {
         return;
     }
     disaggregated_equals_single_process(BackendChoice::Ucx).await;

@@ -55,8 +55,9 @@ pub struct LoadArgs {
     /// Synthetic: how many distinct shared prefixes.
     #[arg(long, default_value_t = 4)]
     pub prefix_groups: usize,
-    /// Open loop: Poisson arrivals at these rates (req/s), one load point each.
-    #[arg(long, value_delimiter = ',', conflicts_with_all = ["concurrency", "replay"])]
+    /// Open loop: Poisson arrivals at these rates (req/s), one load point each (may be given
+    /// with `--concurrency`: both sweeps run, each charted against its own axis).
+    #[arg(long, value_delimiter = ',', conflicts_with = "replay")]
     pub rate: Vec<f64>,
     /// Closed loop: these many requests in flight, one load point each.
     #[arg(long, value_delimiter = ',', conflicts_with = "replay")]

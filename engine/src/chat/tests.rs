@@ -137,3 +137,42 @@ fn shared_types_are_send_sync() {
     check::<ChatTemplate>();
     check::<GgufFile>();
 }
+
+/// A template in the shape of the tool-aware ChatML templates (Qwen 2.5, Hermes): tools in the
+/// system turn, calls with `tojson` arguments, `tool` turns with the call id.
+const TOOL_TEMPLATE: &str = "{% if tools %}<|system|>tools:{% for t in tools %}\
+{{ t.function.name }}({{ t.function.parameters | tojson }});{% endfor %}\n{% endif %}\
+{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\
+{% if m.tool_calls %}{% for c in m.tool_calls %}[call {{ c.id }} {{ c.function.name }} {{ c.function.arguments | tojson }}]{% endfor %}{% endif %}\
+{% if m.tool_call_id is defined %}(answers {{ m.tool_call_id }}){% endif %}\n{% endfor %}";
+
+#[test]
+fn tool_aware_templates_get_the_tools_calls_and_results() {
+    let t = ChatTemplate::new(TOOL_TEMPLATE, "", "").unwrap();
+    assert!(t.supports_tools());
+    let tools = [
+        serde_json::json!({"type": "function", "function": {"name": "f",
+        "parameters": {"type": "object"}}}),
+    ];
+    let mut call = ChatMessage::new("assistant", "");
+    call.tool_calls = Some(vec![serde_json::json!({"id": "call_1", "type": "function",
+        "function": {"name": "f", "arguments": {"x": 1}}})]);
+    let mut result = ChatMessage::new("tool", "42");
+    result.tool_call_id = Some("call_1".into());
+    let msgs = [ChatMessage::new("user", "hi"), call, result];
+    assert_eq!(
+        t.render_with_tools(&msgs, Some(&tools), false).unwrap(),
+        // (trim_blocks drops the newline after each block tag, as Jinja2 does.)
+        "<|system|>tools:f({\"type\": \"object\"});<|user|>hi\
+         <|assistant|>[call call_1 f {\"x\": 1}]<|tool|>42(answers call_1)"
+    );
+    // Without tools the template's tools block is skipped (`tools` is none).
+    assert!(t
+        .render(&msgs[..1], false)
+        .unwrap()
+        .starts_with("<|user|>hi"));
+    // SmolLM2's template has no tool support.
+    if let Some(real) = real_template() {
+        assert!(!real.supports_tools());
+    }
+}

@@ -6,6 +6,7 @@ use std::sync::{mpsc, Arc};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::collective::CollectiveError;
+use crate::constrain::{ConstraintState, Progress};
 use crate::kv::memory::KvCache;
 use crate::kv::BlockId;
 use crate::model::{Logits, Model, SeqChunk, Workspace};
@@ -28,6 +29,21 @@ struct Output {
     events: UnboundedSender<SeqEvent>,
     decoder: StreamDecoder,
     stop: StopMatcher,
+    /// The request's grammar, when its output is constrained.
+    constraint: Option<Box<ConstraintState>>,
+}
+
+impl Output {
+    /// The text still held back (by the decoder or the stop matcher) when a sequence ends.
+    fn tail(&mut self) -> String {
+        let rest = self.decoder.finish();
+        let (t, hit) = self.stop.push(&rest);
+        if hit {
+            t
+        } else {
+            t + &self.stop.flush()
+        }
+    }
 }
 
 pub(super) struct Worker {
@@ -147,7 +163,12 @@ impl Worker {
     /// Applies a command; false means shut down.
     fn handle(&mut self, c: Command) -> bool {
         match c {
-            Command::Submit { id, req, events } => {
+            Command::Submit {
+                id,
+                req,
+                constraint,
+                events,
+            } => {
                 let stop = StopMatcher::new(req.params.stop.clone());
                 self.outputs.insert(
                     id,
@@ -155,6 +176,7 @@ impl Worker {
                         events,
                         decoder: StreamDecoder::new(),
                         stop,
+                        constraint,
                     },
                 );
                 self.sched.add(Sequence::new(
@@ -288,7 +310,33 @@ impl Worker {
             g.collective.broadcast(0, &mut self.msg)?;
             self.last_sync = std::time::Instant::now();
         }
-        self.model.forward(&chunks, &mut self.cache, &mut self.ws)?;
+        // The token masks of the constrained sequences about to sample are computed on another
+        // thread while the forward pass runs (their grammars already consumed every token).
+        // Unconstrained batches skip this (one pass over the outputs, no allocation).
+        let mut masks: Vec<&mut ConstraintState> = Vec::new();
+        if self.outputs.values().any(|o| o.constraint.is_some()) {
+            let sampling: Vec<SeqId> = plan
+                .iter()
+                .filter(|p| p.sample)
+                .map(|p| self.sched.running[p.index].id)
+                .collect();
+            masks.extend(
+                self.outputs
+                    .iter_mut()
+                    .filter(|(id, _)| sampling.contains(id))
+                    .filter_map(|(_, o)| o.constraint.as_deref_mut()),
+            );
+        }
+        let (model, cache, ws) = (&self.model, &mut self.cache, &mut self.ws);
+        let forward = if masks.is_empty() {
+            model.forward(&chunks, cache, ws)
+        } else {
+            std::thread::scope(|scope| {
+                scope.spawn(|| masks.iter_mut().for_each(|c| c.prepare_mask()));
+                model.forward(&chunks, cache, ws)
+            })
+        };
+        forward?;
         self.sched.computed(&plan);
         self.stats.steps += 1;
         self.announce_full_blocks(&plan);
@@ -350,12 +398,25 @@ impl Worker {
     fn sample(&mut self, plan: &[Planned]) -> Vec<(usize, FinishReason, String)> {
         let vocab = self.model.config.vocab;
         let mut finished = Vec::new();
-        let mut row = 0;
-        for p in plan.iter().filter(|p| p.sample) {
+        for (row, p) in plan.iter().filter(|p| p.sample).enumerate() {
             let logits = &self.ws.logits[row * vocab..(row + 1) * vocab];
-            row += 1;
             let s = &mut self.sched.running[p.index];
-            let (tok, logprob) = s.sampler.sample(logits, &s.params);
+            let out = self
+                .outputs
+                .get_mut(&s.id)
+                .expect("every sequence has an output");
+            let mask = match out.constraint.as_deref_mut().map(|c| c.take_mask()) {
+                None => None,
+                Some(Ok(m)) => Some(m),
+                Some(Err(e)) => {
+                    // Only this sequence ends (aborted: its output cannot be completed under
+                    // its grammar); the rest of the batch goes on.
+                    tracing::warn!(seq = s.id.0, error = %e, "constrained sequence cannot go on");
+                    finished.push((p.index, FinishReason::Aborted, out.tail()));
+                    continue;
+                }
+            };
+            let (tok, logprob) = s.sampler.sample_masked(logits, &s.params, mask.as_ref());
             s.tokens.push(tok);
             if let Some((reason, text)) = self.accept(p.index, tok, logprob) {
                 finished.push((p.index, reason, text));
@@ -380,13 +441,28 @@ impl Worker {
             .expect("every sequence has an output");
         let end_token = (!s.params.ignore_eos && self.eog.contains(&tok))
             || s.params.stop_token_ids.contains(&tok);
+        // The grammar takes every token but the end token it allowed. A token it refuses (a
+        // disaggregated first token from a prefill worker that ignored the constraint) aborts
+        // this sequence only.
+        let (grammar_done, grammar_broken) = match out.constraint.as_deref_mut() {
+            Some(c) if !end_token => match c.consume(tok) {
+                Ok(p) => (p == Progress::Finished, false),
+                Err(e) => {
+                    tracing::warn!(seq = s.id.0, error = %e, "constrained sequence cannot go on");
+                    (false, true)
+                }
+            },
+            _ => (false, false),
+        };
         let (text, stop_string) = if end_token {
             (String::new(), false)
         } else {
             let piece = out.decoder.push(&self.tokenizer, tok);
             out.stop.push(&piece)
         };
-        let reason = if end_token || stop_string {
+        let reason = if grammar_broken {
+            Some(FinishReason::Aborted)
+        } else if end_token || stop_string || grammar_done {
             Some(FinishReason::Stop)
         } else if s.generated() >= s.params.max_tokens
             || s.tokens.len() >= self.limit
@@ -407,13 +483,7 @@ impl Worker {
                 let tail = if stop_string {
                     String::new()
                 } else {
-                    let rest = out.decoder.finish();
-                    let (t, hit) = out.stop.push(&rest);
-                    if hit {
-                        t
-                    } else {
-                        t + &out.stop.flush()
-                    }
+                    out.tail()
                 };
                 Some((r, tail))
             }

@@ -290,7 +290,7 @@ fn corrupt_counts_do_not_allocate() {
     b.tensor("far", &[4], 0, u64::MAX - 2);
     b.tensor("wide", &[u64::MAX, u64::MAX], 0, 0);
     b.tensor("odd", &[33], 8, 0);
-    b.tensor("q6", &[256], 14, 0);
+    b.tensor("iq2", &[256], 16, 0);
     b.finish_header();
     let g = GgufFile::from_bytes(b.bytes).unwrap();
     assert!(matches!(
@@ -301,12 +301,20 @@ fn corrupt_counts_do_not_allocate() {
         g.tensor_data("wide"),
         Err(GgufError::TensorOutOfBounds(_))
     ));
-    assert!(matches!(
-        g.tensor_data("odd"),
-        Err(GgufError::TensorOutOfBounds(_))
-    ));
-    match g.tensor_data("q6") {
-        Err(GgufError::UnsupportedTensorType { ty, .. }) => assert_eq!(ty.to_string(), "q6_K"),
+    match g.tensor_data("odd") {
+        Err(e @ GgufError::BadShape { .. }) => {
+            let msg = e.to_string();
+            assert!(msg.contains("\"odd\"") && msg.contains("q8_0"), "{msg}");
+        }
+        other => panic!("expected BadShape, got {other:?}"),
+    }
+    match g.tensor_data("iq2") {
+        Err(GgufError::UnsupportedTensorType { tensor, ty }) => {
+            assert_eq!(
+                (tensor.as_str(), ty.to_string()),
+                ("iq2", "iq2_xxs".to_string())
+            )
+        }
         other => panic!("expected UnsupportedTensorType, got {other:?}"),
     }
 }
@@ -335,4 +343,70 @@ fn default_path_ends_with_model_name() {
     if std::env::var_os("CLEAVE_MODEL").is_none() {
         assert!(p.ends_with("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
     }
+}
+
+#[test]
+fn block_sizes_of_the_quantized_types() {
+    // (id, elements per block, bytes per block), as ggml's type traits.
+    for (id, block, size) in [
+        (2, 32, 18),
+        (3, 32, 20),
+        (6, 32, 22),
+        (7, 32, 24),
+        (8, 32, 34),
+        (10, 256, 84),
+        (11, 256, 110),
+        (12, 256, 144),
+        (13, 256, 176),
+        (14, 256, 210),
+        (15, 256, 292),
+        (20, 32, 18),
+        (30, 1, 2),
+    ] {
+        let ty = GgmlType::from_id(id);
+        assert_eq!(ty.id(), id);
+        assert!(!matches!(ty, GgmlType::Other(_)), "{id}");
+        assert_eq!(
+            (ty.block_size(), ty.type_size()),
+            (Some(block), Some(size)),
+            "{ty}"
+        );
+    }
+    assert_eq!(GgmlType::from_id(16).block_size(), None);
+    assert_eq!(GgmlType::from_id(34).to_string(), "tq1_0");
+}
+
+#[test]
+fn tensor_sizes_are_checked_against_the_next_tensor() {
+    // A Q4_K tensor of 2 × 256 needs 288 bytes; the next one starts 256 bytes after it.
+    let mut b = Builder::new(3);
+    b.tensor("a", &[256, 2], 12, 0);
+    b.tensor("b", &[4], 0, 256);
+    b.finish_header();
+    b.pad(32);
+    b.bytes.resize(b.bytes.len() + 512, 0);
+    match GgufFile::from_bytes(b.bytes) {
+        Err(e @ GgufError::TensorSize { .. }) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("\"a\"") && msg.contains("q4_K") && msg.contains("288"),
+                "{msg}"
+            );
+        }
+        other => panic!("expected TensorSize, got {other:?}"),
+    }
+    // With room for it, both tensors read.
+    let mut b = Builder::new(3);
+    b.tensor("a", &[256, 2], 12, 0);
+    b.tensor("b", &[4], 30, 288);
+    b.finish_header();
+    b.pad(32);
+    b.bytes.resize(b.bytes.len() + 288, 0);
+    // b: BF16 1.0, -2.0, 0.5, 3.0.
+    for v in [0x3f80u16, 0xc000, 0x3f00, 0x4040] {
+        b.bytes.extend(v.to_le_bytes());
+    }
+    let g = GgufFile::from_bytes(b.bytes).unwrap();
+    assert_eq!(g.tensor_data("a").unwrap().len(), 288);
+    assert_eq!(g.tensor_f32("b").unwrap(), vec![1.0, -2.0, 0.5, 3.0]);
 }

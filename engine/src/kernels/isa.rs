@@ -29,7 +29,17 @@ impl Isa {
     pub(super) fn pairs(self, ty: WeightType) -> bool {
         #[cfg(target_arch = "x86_64")]
         if self == Isa::Vnni {
-            return ty.is_quantized();
+            return matches!(
+                ty,
+                WeightType::Q4_0
+                    | WeightType::Q4_1
+                    | WeightType::Q5_0
+                    | WeightType::Q5_1
+                    | WeightType::Q8_0
+                    | WeightType::Q4_K
+                    | WeightType::Q5_K
+                    | WeightType::Q6_K
+            );
         }
         let _ = ty;
         false

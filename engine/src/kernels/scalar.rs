@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use super::{f16_at, Activations, OutPtr, PackedRow, QMatrix, WeightType, QK};
+use super::{f16_at, kquant, Activations, OutPtr, PackedRow, QMatrix, WeightType, QK};
 
 /// Quantizes one block of 32 activations into `q`, returning the (f16-rounded) scale and `Σq`.
 pub(super) fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
@@ -28,8 +28,13 @@ pub(super) fn hsum(v: &[f32; 8]) -> f32 {
     ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]))
 }
 
+/// IQ4_NL's table: nibble `q` stands for `d · IQ4NL_VALUES[q]` (ggml's `kvalues_iq4nl`).
+pub(super) const IQ4NL_VALUES: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
 /// Nibble `i` (0..32) of a Q4 block's 16 `qs` bytes.
-fn nibble(qs: &[u8], i: usize) -> u8 {
+pub(super) fn nibble(qs: &[u8], i: usize) -> u8 {
     if i < 16 {
         qs[i] & 15
     } else {
@@ -37,16 +42,30 @@ fn nibble(qs: &[u8], i: usize) -> u8 {
     }
 }
 
-/// One (row, token) dot product of a Q4_0 / Q4_1 row with quantized activations.
+/// The 5-bit quant `i` (0..32) of block `b` of a Q5_0 / Q5_1 row: the nibble plus bit `i` of
+/// the block's `qh` mask as the fifth bit.
+pub(super) fn quant5(row: PackedRow<'_>, b: usize, i: usize) -> u8 {
+    let qh = row.qh.expect("a Q5 row has fifth bits");
+    let mask = u32::from_le_bytes([qh[4 * b], qh[4 * b + 1], qh[4 * b + 2], qh[4 * b + 3]]);
+    nibble(&row.qs[b * 16..(b + 1) * 16], i) | ((((mask >> i) & 1) as u8) << 4)
+}
+
+/// One (row, token) dot product of a Q4_0 / Q4_1 / Q5_0 / Q5_1 row with quantized activations.
+/// Q5 rows follow the same order, with the 5-bit quant in place of the nibble and
+/// `mw = -16·d` for Q5_0.
 pub(super) fn dot_q4(row: PackedRow<'_>, xq: &[i8], xd: &[f32], xs: &[f32], nb: usize) -> f32 {
     let mut acc = [0f32; 8];
+    let (zero, q5) = match row.qh {
+        Some(_) => (-16.0, true),
+        None => (-8.0, false),
+    };
     for b0 in (0..nb).step_by(8) {
         let chunk = b0..nb.min(b0 + 8);
         // The offset term of the chunk's blocks, lane k for block b0 + k.
         for b in chunk.clone() {
             let mw = match row.m {
                 Some(m) => f16_at(m, b),
-                None => -8.0 * f16_at(row.d, b),
+                None => zero * f16_at(row.d, b),
             };
             acc[b - b0] = mw.mul_add(xs[b], acc[b - b0]);
         }
@@ -55,9 +74,14 @@ pub(super) fn dot_q4(row: PackedRow<'_>, xq: &[i8], xd: &[f32], xs: &[f32], nb: 
             let qs = &row.qs[b * 16..(b + 1) * 16];
             let xb = &xq[b * QK..(b + 1) * QK];
             for (k, a) in acc.iter_mut().enumerate() {
-                let l: i32 = (4 * k..4 * k + 4)
-                    .map(|i| nibble(qs, i) as i32 * xb[i] as i32)
-                    .sum();
+                let q = |i: usize| {
+                    if q5 {
+                        quant5(row, b, i)
+                    } else {
+                        nibble(qs, i)
+                    }
+                };
+                let l: i32 = (4 * k..4 * k + 4).map(|i| q(i) as i32 * xb[i] as i32).sum();
                 *a = (l as f32).mul_add(scale, *a);
             }
         }
@@ -75,6 +99,24 @@ pub(super) fn dot_q8(row: PackedRow<'_>, xq: &[i8], xd: &[f32], nb: usize) -> f3
         for (k, a) in acc.iter_mut().enumerate() {
             let l: i32 = (4 * k..4 * k + 4)
                 .map(|i| (qs[i] as i8) as i32 * xb[i] as i32)
+                .sum();
+            *a = (l as f32).mul_add(scale, *a);
+        }
+    }
+    hsum(&acc)
+}
+
+/// One (row, token) dot product of an IQ4_NL row with quantized activations: as Q8_0, with the
+/// table value of each nibble as the weight quant.
+pub(super) fn dot_iq4nl(row: PackedRow<'_>, xq: &[i8], xd: &[f32], nb: usize) -> f32 {
+    let mut acc = [0f32; 8];
+    for b in 0..nb {
+        let scale = f16_at(row.d, b) * xd[b];
+        let qs = &row.qs[b * 16..(b + 1) * 16];
+        let xb = &xq[b * QK..(b + 1) * QK];
+        for (k, a) in acc.iter_mut().enumerate() {
+            let l: i32 = (4 * k..4 * k + 4)
+                .map(|i| IQ4NL_VALUES[nibble(qs, i) as usize] as i32 * xb[i] as i32)
                 .sum();
             *a = (l as f32).mul_add(scale, *a);
         }
@@ -105,8 +147,16 @@ pub(super) fn block(
             let v = match m.ty {
                 WeightType::F32 => dot_f32(m.f32_row(r), x.x_row(t)),
                 WeightType::Q8_0 => dot_q8(m.packed_row(r), x.q_row(t), x.d_row(t), m.nb),
-                WeightType::Q4_0 | WeightType::Q4_1 => {
+                WeightType::IQ4_NL => dot_iq4nl(m.packed_row(r), x.q_row(t), x.d_row(t), m.nb),
+                WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q5_0 | WeightType::Q5_1 => {
                     dot_q4(m.packed_row(r), x.q_row(t), x.d_row(t), x.s_row(t), m.nb)
+                }
+                WeightType::Q2_K
+                | WeightType::Q3_K
+                | WeightType::Q4_K
+                | WeightType::Q5_K
+                | WeightType::Q6_K => {
+                    kquant::dot(m.ty, m.raw_row(r), x.q_row(t), x.d_row(t), x.s_row(t))
                 }
             };
             out.write(t * m.rows + r, v);

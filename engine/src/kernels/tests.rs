@@ -6,6 +6,8 @@ use proptest::prelude::*;
 
 use super::*;
 
+mod kquant;
+
 /// Small deterministic xorshift generator (seeded, no extra dependency).
 struct Rng(u64);
 
@@ -38,13 +40,23 @@ fn random_raw(ty: WeightType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8
         }
         return v;
     }
+    if ty.is_k() {
+        for _ in 0..rows * cols / QK_K {
+            kquant::random_superblock(ty, rng, &mut v);
+        }
+        return v;
+    }
     for _ in 0..rows * cols / QK {
         let d = 0.001 + 0.05 * rng.f().abs();
         v.extend_from_slice(&f16_bytes(d));
-        if ty == WeightType::Q4_1 {
+        if matches!(ty, WeightType::Q4_1 | WeightType::Q5_1) {
             v.extend_from_slice(&f16_bytes(-8.0 * d * (1.0 + 0.3 * rng.f())));
         }
-        let n = if ty == WeightType::Q8_0 { 32 } else { 16 };
+        let n = match ty {
+            WeightType::Q8_0 => 32,
+            WeightType::Q5_0 | WeightType::Q5_1 => 20,
+            _ => 16,
+        };
         v.extend((0..n).map(|_| rng.byte()));
     }
     v
@@ -74,7 +86,38 @@ fn ggml_dequant(ty: WeightType, rows: usize, cols: usize, raw: &[u8]) -> Vec<f32
                 out.extend(qs.iter().map(|&q| d * (q & 15) as f32 + m));
                 out.extend(qs.iter().map(|&q| d * (q >> 4) as f32 + m));
             }
-            WeightType::F32 => unreachable!(),
+            WeightType::IQ4_NL => {
+                const K: [i8; 16] = [
+                    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+                ];
+                let qs = &blk[2..];
+                out.extend(qs.iter().map(|&q| d * K[(q & 15) as usize] as f32));
+                out.extend(qs.iter().map(|&q| d * K[(q >> 4) as usize] as f32));
+            }
+            WeightType::Q5_0 | WeightType::Q5_1 => {
+                let (m, rest) = match ty {
+                    WeightType::Q5_1 => (Some(h(&blk[2..])), &blk[4..]),
+                    _ => (None, &blk[2..]),
+                };
+                let qh = u32::from_le_bytes(rest[..4].try_into().unwrap());
+                let qs = &rest[4..];
+                for i in 0..32 {
+                    let nib = if i < 16 { qs[i] & 15 } else { qs[i - 16] >> 4 };
+                    let q = (nib | ((((qh >> i) & 1) as u8) << 4)) as f32;
+                    out.push(match m {
+                        Some(m) => d * q + m,
+                        None => d * (q - 16.0),
+                    });
+                }
+            }
+            WeightType::F32
+            | WeightType::Q2_K
+            | WeightType::Q3_K
+            | WeightType::Q4_K
+            | WeightType::Q5_K
+            | WeightType::Q6_K => {
+                unreachable!("checked against gguf-py in tests/kquant.rs")
+            }
         }
     }
     out
@@ -127,11 +170,15 @@ fn reference(m: &QMatrix, a: &Activations) -> (Vec<f64>, Vec<f64>) {
     (val, mag)
 }
 
-const TYPES: [WeightType; 4] = [
+/// The formats with 32-element blocks (K-quants: `tests/kquant.rs`).
+const TYPES: [WeightType; 7] = [
     WeightType::F32,
     WeightType::Q4_0,
     WeightType::Q4_1,
+    WeightType::Q5_0,
+    WeightType::Q5_1,
     WeightType::Q8_0,
+    WeightType::IQ4_NL,
 ];
 
 fn check_against_reference(ty: WeightType, rows: usize, cols: usize, n: usize, seed: u64) {

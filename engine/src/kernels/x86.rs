@@ -13,6 +13,7 @@ use std::arch::x86_64::*;
 
 use super::{Activations, OutPtr, PackedRow, QMatrix, QK};
 
+mod kquant;
 pub(super) mod quant;
 pub(super) mod zmm;
 
@@ -121,6 +122,33 @@ unsafe fn unpack_q4(p: *const u8) -> __m256i {
     _mm256_and_si256(shifted, _mm256_set1_epi8(15))
 }
 
+/// The fifth bits of block `b` of a Q5 row (`qh`: little-endian u32 masks, bit `i` for
+/// element `i`) as `0x10` in each byte of the 32 (element order) whose bit is set.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn expand_qh(qh: &[u8], b: usize) -> __m256i {
+    let h: [u8; 4] = qh[4 * b..4 * b + 4].try_into().expect("4 bytes");
+    let v = _mm256_set1_epi32(i32::from_le_bytes(h));
+    // Byte i takes byte i / 8 of the mask (each 128-bit lane holds the whole mask).
+    let spread = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
+        3, 3,
+    );
+    let v = _mm256_shuffle_epi8(v, spread);
+    let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(v, bits), bits);
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+}
+
+/// IQ4_NL's 16 table values in both 128-bit lanes, for `pshufb` lookups.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn iq4nl_table() -> __m256i {
+    let t = super::scalar::IQ4NL_VALUES;
+    // SAFETY: `t` is 16 readable bytes; unaligned load.
+    _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(t.as_ptr().cast()) })
+}
+
 /// How far ahead of the weights being multiplied the tiles prefetch, in bytes. Decode streams
 /// every weight from memory once per step, and the hardware prefetchers alone keep too few
 /// misses in flight (this took batch-1 Q4_1 from ~27 to ~80 GF/s on a Zen 4 core; 4–8 KiB are
@@ -169,11 +197,12 @@ macro_rules! backend {
 
             use super::super::{Activations, OutPtr, QMatrix, WeightType};
             use super::{
-                chunk_scales, finish, load_f16x8, packed_rows, unpack_q4, Prefetch, Tokens,
+                chunk_scales, expand_qh, finish, iq4nl_table, kquant, load_f16x8, packed_rows,
+                unpack_q4, Prefetch, Tokens,
             };
             use super::{$dot, $q8dot, $q8prep};
 
-            /// Q4_0 / Q4_1 tile of rows `r0..r0 + R` × the tokens of `tok`.
+            /// Q4_0 / Q4_1 / Q5_0 / Q5_1 tile of rows `r0..r0 + R` × the tokens of `tok`.
             #[target_feature(enable = $feat)]
             fn tile_q4<const R: usize, const T: usize>(
                 m: &QMatrix,
@@ -192,7 +221,8 @@ macro_rules! backend {
                         let mw = match rows[r].m {
                             Some(mb) => load_f16x8(mb, b0, nb),
                             None => {
-                                _mm256_mul_ps(load_f16x8(rows[r].d, b0, nb), _mm256_set1_ps(-8.0))
+                                let zero = if rows[r].qh.is_some() { -16.0 } else { -8.0 };
+                                _mm256_mul_ps(load_f16x8(rows[r].d, b0, nb), _mm256_set1_ps(zero))
                             }
                         };
                         for t in 0..T {
@@ -211,6 +241,9 @@ macro_rules! backend {
                             // SAFETY: `b < nb` and each row's qs holds `16 · nb` bytes
                             // (checked in `packed_rows`).
                             w[r] = unsafe { unpack_q4(qs[r].add(16 * b)) };
+                            if let Some(qh) = rows[r].qh {
+                                w[r] = _mm256_or_si256(w[r], expand_qh(qh, b));
+                            }
                         }
                         for t in 0..T {
                             let xv = tok.xq32(t, b);
@@ -252,6 +285,49 @@ macro_rules! backend {
                             // (checked in `packed_rows`); unaligned load.
                             let v = unsafe { _mm256_loadu_si256(qs[r].add(32 * b).cast()) };
                             w[r] = $q8prep(v);
+                        }
+                        for t in 0..T {
+                            let xv = tok.xq32(t, b);
+                            for r in 0..R {
+                                let l = _mm256_cvtepi32_ps($q8dot(w[r], xv));
+                                let s = _mm256_broadcast_ss(&sc[r][t][j]);
+                                acc[r][t] = _mm256_fmadd_ps(l, s, acc[r][t]);
+                            }
+                        }
+                    }
+                    b0 += 8;
+                }
+                finish(&acc, m.rows, r0, tok.t0, out);
+            }
+
+            /// IQ4_NL tile of rows `r0..r0 + R` × the tokens of `tok`: Q8_0's, with each
+            /// block's weights looked up from the nibbles (`pshufb` on the 16-entry table).
+            #[target_feature(enable = $feat)]
+            fn tile_iq4nl<const R: usize, const T: usize>(
+                m: &QMatrix,
+                r0: usize,
+                tok: &Tokens<'_, T>,
+                out: OutPtr,
+            ) {
+                let (rows, qs) = packed_rows::<R>(m, r0);
+                let nb = m.nb;
+                let pf = Prefetch::new::<R>(m, r0, rows[0].d.as_ptr());
+                let table = iq4nl_table();
+                let mut acc = [[_mm256_setzero_ps(); T]; R];
+                let mut b0 = 0;
+                while b0 < nb {
+                    let mut sc = chunk_scales(&rows, tok, b0, nb);
+                    // See `tile_q4`.
+                    std::hint::black_box(&mut sc);
+                    for j in 0..(nb - b0).min(8) {
+                        let b = b0 + j;
+                        pf.block(b);
+                        let mut w = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
+                        for r in 0..R {
+                            // SAFETY: `b < nb` and each row's qs holds `16 · nb` bytes
+                            // (checked in `packed_rows`).
+                            let q = unsafe { unpack_q4(qs[r].add(16 * b)) };
+                            w[r] = $q8prep(_mm256_shuffle_epi8(table, q));
                         }
                         for t in 0..T {
                             let xv = tok.xq32(t, b);
@@ -324,7 +400,16 @@ macro_rules! backend {
                     match m.ty {
                         WeightType::F32 => tile_f32::<R, T>(m, r, tok, out),
                         WeightType::Q8_0 => tile_q8::<R, T>(m, r, tok, out),
-                        WeightType::Q4_0 | WeightType::Q4_1 => tile_q4::<R, T>(m, r, tok, out),
+                        WeightType::IQ4_NL => tile_iq4nl::<R, T>(m, r, tok, out),
+                        WeightType::Q4_0
+                        | WeightType::Q4_1
+                        | WeightType::Q5_0
+                        | WeightType::Q5_1 => tile_q4::<R, T>(m, r, tok, out),
+                        WeightType::Q2_K
+                        | WeightType::Q3_K
+                        | WeightType::Q4_K
+                        | WeightType::Q5_K
+                        | WeightType::Q6_K => kquant::tile::<R, T>(m, r, tok, out),
                     }
                     r += R;
                 }
@@ -332,7 +417,16 @@ macro_rules! backend {
                     match m.ty {
                         WeightType::F32 => tile_f32::<1, T>(m, r, tok, out),
                         WeightType::Q8_0 => tile_q8::<1, T>(m, r, tok, out),
-                        WeightType::Q4_0 | WeightType::Q4_1 => tile_q4::<1, T>(m, r, tok, out),
+                        WeightType::IQ4_NL => tile_iq4nl::<1, T>(m, r, tok, out),
+                        WeightType::Q4_0
+                        | WeightType::Q4_1
+                        | WeightType::Q5_0
+                        | WeightType::Q5_1 => tile_q4::<1, T>(m, r, tok, out),
+                        WeightType::Q2_K
+                        | WeightType::Q3_K
+                        | WeightType::Q4_K
+                        | WeightType::Q5_K
+                        | WeightType::Q6_K => kquant::tile::<1, T>(m, r, tok, out),
                     }
                     r += 1;
                 }
@@ -385,6 +479,7 @@ fn packed_rows<const R: usize>(m: &QMatrix, r0: usize) -> ([PackedRow<'_>; R], [
     let mut rows = [PackedRow {
         d: &[],
         m: None,
+        qh: None,
         qs: &[],
     }; R];
     let mut qs = [std::ptr::null(); R];

@@ -182,7 +182,7 @@ impl KvCache {
             });
         }
         let align = layout.dtype.size();
-        if region.bytes().as_ptr() as usize % align != 0 {
+        if !(region.bytes().as_ptr() as usize).is_multiple_of(align) {
             return Err(KvMemoryError::Misaligned(align));
         }
         Ok(KvCache {

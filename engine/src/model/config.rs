@@ -177,13 +177,13 @@ impl ModelConfig {
         if self.n_heads == 0 || self.n_kv_heads == 0 || self.n_layers == 0 {
             return bad("head and layer counts must be positive".into());
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return bad(format!(
                 "head_count {} is not a multiple of head_count_kv {}",
                 self.n_heads, self.n_kv_heads
             ));
         }
-        if self.rope_dim > self.head_dim || self.rope_dim % 2 != 0 {
+        if self.rope_dim > self.head_dim || !self.rope_dim.is_multiple_of(2) {
             return bad(format!(
                 "rope dimension {} does not fit head dimension {}",
                 self.rope_dim, self.head_dim

@@ -4,11 +4,11 @@
 //! vector `ffn_gate_inp_shexp`. Each rank reads only its experts' bytes.
 
 use crate::gguf::{GgmlType, GgufFile};
-use crate::kernels::{QMatrix, WeightType};
+use crate::kernels::QMatrix;
 
 use super::config::ModelConfig;
 use super::moe::{MoeLayer, SharedExpert};
-use super::weights::{expect_shape, matrix, vector, Mlp, Shard};
+use super::weights::{expect_shape, kernel_type, matrix, vector, Mlp, Shard};
 use super::ModelError;
 
 /// Experts `first..first + n` of the stacked tensor `name`, each `[rows x cols]`.
@@ -27,7 +27,7 @@ fn experts(
         });
     }
     let ty = match info.ty {
-        GgmlType::F32 | GgmlType::F16 => {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
             let all = g.tensor_f32(name)?;
             let per = rows * cols;
             return mine
@@ -40,15 +40,7 @@ fn experts(
                 })
                 .collect();
         }
-        GgmlType::Q4_0 => WeightType::Q4_0,
-        GgmlType::Q4_1 => WeightType::Q4_1,
-        GgmlType::Q8_0 => WeightType::Q8_0,
-        other => {
-            return Err(ModelError::UnsupportedTensorType {
-                name: name.into(),
-                ty: other.to_string(),
-            })
-        }
+        other => kernel_type(name, other)?,
     };
     let data = g.tensor_data(name)?;
     let per = data.len() / count;

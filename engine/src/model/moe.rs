@@ -8,9 +8,10 @@
 //!    `[expert id, hidden row]` per pair);
 //! 3. each rank runs its experts over what it received, batched per expert, and sends the
 //!    outputs back in the order they came (`all_to_all_v` again);
-//! 4. the token's rank combines its top-k outputs in rank-independent order (k order), adds
-//!    this rank's part of the tensor-parallel shared expert, and one all-reduce gives every rank
-//!    the layer's full output.
+//! 4. the token's rank combines its top-k outputs in rank-independent order (k order); one
+//!    all-reduce gives every rank the layer's full output (with a shared expert, of the routed
+//!    part and the ranks' shared-expert parts side by side, added after the reduction, so a
+//!    token's result does not depend on which rank owned it in this step's batch).
 
 use std::sync::atomic::Ordering;
 
@@ -202,20 +203,36 @@ impl Model {
             }
         }
         if let Some(sh) = &layer.shared {
+            // The routed part and the shared part are reduced as the two halves of one buffer
+            // and added afterwards. Adding the routed output into this rank's shared part
+            // would put it at the owner's place in the all-reduce's rank order, and which rank
+            // owns a token depends on how many tokens the step has: the sum would then change
+            // with the batch. This way a token's output is `routed + Σ_r shared_r` (the
+            // routed half sums one nonzero value with zeros, exactly), whatever the batch.
             let bufs = (&mut s.gate, &mut s.up, &mut s.out);
             run_mlp(&sh.mlp, h, n, &mut s.acts, bufs, th);
+            let m = n * hidden;
+            out.resize(2 * m, 0.0);
             for t in 0..n {
                 let x = &h[t * hidden..(t + 1) * hidden];
                 let g: f32 = x.iter().zip(&sh.gate).map(|(a, b)| a * b).sum();
                 let g = 1.0 / (1.0 + (-g).exp());
-                for (a, b) in out[t * hidden..(t + 1) * hidden]
+                for (a, b) in out[m + t * hidden..m + (t + 1) * hidden]
                     .iter_mut()
                     .zip(&s.out[t * hidden..(t + 1) * hidden])
                 {
-                    *a += g * b;
+                    *a = g * b;
                 }
             }
+            self.collective.all_reduce_sum(out)?;
+            let (routed, shared) = out.split_at_mut(m);
+            for (a, b) in routed.iter_mut().zip(shared.iter()) {
+                *a += b;
+            }
+            out.truncate(m);
+            return Ok(());
         }
+        // Only the token's rank contributes a nonzero value: the sum is exact.
         self.collective.all_reduce_sum(out)
     }
 

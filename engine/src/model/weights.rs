@@ -90,20 +90,36 @@ pub(super) fn matrix(g: &GgufFile, name: &str) -> Result<QMatrix, ModelError> {
     }
     let (cols, rows) = (info.dims[0] as usize, info.dims[1] as usize);
     let ty = match info.ty {
-        GgmlType::F32 | GgmlType::F16 => {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
             return Ok(QMatrix::from_f32(rows, cols, g.tensor_f32(name)?)?);
         }
+        other => kernel_type(name, other)?,
+    };
+    Ok(QMatrix::from_raw(ty, rows, cols, g.tensor_data(name)?)?)
+}
+
+/// The kernel format of a quantized GGUF tensor; any type without kernels (IQ2/IQ3/IQ1
+/// families, IQ4_XS, ternary TQ1_0/TQ2_0, MXFP4, …) is an error naming the tensor.
+pub(super) fn kernel_type(name: &str, ty: GgmlType) -> Result<WeightType, ModelError> {
+    Ok(match ty {
         GgmlType::Q4_0 => WeightType::Q4_0,
         GgmlType::Q4_1 => WeightType::Q4_1,
+        GgmlType::Q5_0 => WeightType::Q5_0,
+        GgmlType::Q5_1 => WeightType::Q5_1,
         GgmlType::Q8_0 => WeightType::Q8_0,
+        GgmlType::IQ4_NL => WeightType::IQ4_NL,
+        GgmlType::Q2_K => WeightType::Q2_K,
+        GgmlType::Q3_K => WeightType::Q3_K,
+        GgmlType::Q4_K => WeightType::Q4_K,
+        GgmlType::Q5_K => WeightType::Q5_K,
+        GgmlType::Q6_K => WeightType::Q6_K,
         other => {
             return Err(ModelError::UnsupportedTensorType {
                 name: name.into(),
                 ty: other.to_string(),
             })
         }
-    };
-    Ok(QMatrix::from_raw(ty, rows, cols, g.tensor_data(name)?)?)
+    })
 }
 
 pub(super) fn vector(g: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
@@ -145,7 +161,10 @@ impl Weights {
         let w = shard.world;
         let sparse = |i: usize| cfg.moe.as_ref().is_some_and(|m| m.sparse_layers[i]);
         let any_dense = (0..cfg.n_layers).any(|i| !sparse(i));
-        if cfg.n_kv_heads % w != 0 || (any_dense && cfg.ffn % w != 0) || cfg.vocab % w != 0 {
+        if !cfg.n_kv_heads.is_multiple_of(w)
+            || (any_dense && !cfg.ffn.is_multiple_of(w))
+            || !cfg.vocab.is_multiple_of(w)
+        {
             return Err(ModelError::BadConfig(format!(
                 "tensor-parallel size {w} must divide kv heads ({}), ffn ({}) and vocab ({})",
                 cfg.n_kv_heads, cfg.ffn, cfg.vocab

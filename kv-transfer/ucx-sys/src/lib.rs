@@ -15,6 +15,28 @@
 /// Whether this build has UCX bindings.
 pub const HAVE_UCX: bool = cfg!(have_ucx);
 
+/// The environment variable that turns a missing UCX into a test failure instead of a skip.
+/// The README's test command (`scripts/test`) sets it, so a machine whose build found no UCX
+/// fails CI rather than counting the UCX tests as passed.
+pub const REQUIRE_ENV: &str = "CLEAVE_REQUIRE_UCX";
+
+/// For a test that needs UCX: `true` when this build has it. Otherwise the test is skipped
+/// visibly — a `SKIPPED` line naming it on stderr, then `false` — or, with
+/// `CLEAVE_REQUIRE_UCX=1`, it fails (panics) saying why.
+pub fn ucx_or_skip(test: &str) -> bool {
+    if HAVE_UCX {
+        return true;
+    }
+    if std::env::var(REQUIRE_ENV).is_ok_and(|v| v == "1") {
+        panic!(
+            "{test}: this build has no UCX but {REQUIRE_ENV}=1 (install libucx-dev and \
+             pkg-config, then rebuild; scripts/test does)"
+        );
+    }
+    eprintln!("SKIPPED: {test}: this build has no UCX (install libucx-dev; scripts/test does)");
+    false
+}
+
 #[cfg(have_ucx)]
 include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
 

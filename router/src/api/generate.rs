@@ -17,6 +17,7 @@ use super::openai::{
     TextLogprobs, TokenLogprob, TopLogprob, Usage,
 };
 use super::prepare::{Endpoint, Job};
+use super::toolparse;
 
 /// What every object of one response shares.
 #[derive(Clone, Debug)]
@@ -84,7 +85,7 @@ impl Meta {
 }
 
 /// 32 hex digits from std's randomly keyed hasher (ids need uniqueness, not secrecy).
-fn random_hex() -> String {
+pub(super) fn random_hex() -> String {
     use std::hash::{BuildHasher, Hasher};
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -346,14 +347,22 @@ pub async fn collect(
             choices: out
                 .into_iter()
                 .enumerate()
-                .map(|(index, c)| ChatChoice {
-                    index,
-                    logprobs: meta.logprobs.then(|| chat_logprobs(tok, &c.tokens)),
-                    message: AssistantMessage {
-                        role: "assistant",
-                        content: c.text,
-                    },
-                    finish_reason: c.finish.unwrap_or("stop"),
+                .map(|(index, c)| {
+                    let (content, tool_calls) = match job.tools {
+                        Some(_) => toolparse::split_message(&c.text),
+                        None => (Some(c.text), Vec::new()),
+                    };
+                    let reason = c.finish.unwrap_or("stop");
+                    ChatChoice {
+                        index,
+                        logprobs: meta.logprobs.then(|| chat_logprobs(tok, &c.tokens)),
+                        finish_reason: toolparse::finish_reason(reason, tool_calls.len()),
+                        message: AssistantMessage {
+                            role: "assistant",
+                            content,
+                            tool_calls,
+                        },
+                    }
                 })
                 .collect(),
             usage,

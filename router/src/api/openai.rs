@@ -54,6 +54,24 @@ pub struct CompletionRequest {
     pub echo: Option<bool>,
     /// Completions: only 1 (or equal to `n`) is supported.
     pub best_of: Option<u64>,
+    /// `{"type": "text" | "json_object" | "json_schema", "json_schema": {...}}`.
+    pub response_format: Option<serde_json::Value>,
+    /// Extension (vLLM's): `{"json" | "regex" | "grammar" | "choice": ...}`.
+    pub structured_outputs: Option<serde_json::Value>,
+    /// Extension (vLLM's older names): a JSON schema.
+    pub guided_json: Option<serde_json::Value>,
+    /// Extension: a regular expression.
+    pub guided_regex: Option<String>,
+    /// Extension: a Lark grammar.
+    pub guided_grammar: Option<String>,
+    /// Extension: one of these strings.
+    pub guided_choice: Option<Vec<String>>,
+    /// Chat: function tools the model may call.
+    pub tools: Option<Vec<serde_json::Value>>,
+    /// Chat: `none`, `auto`, `required` or `{"type": "function", "function": {"name": ...}}`.
+    pub tool_choice: Option<serde_json::Value>,
+    /// Chat: whether the model may call several tools in one turn (default true).
+    pub parallel_tool_calls: Option<bool>,
 }
 
 /// One chat message.
@@ -64,6 +82,58 @@ pub struct Message {
     /// A string, an array of content parts, or null.
     #[serde(default)]
     pub content: Option<Content>,
+    /// An assistant message's tool calls.
+    #[serde(default)]
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// A `tool` message: the id of the call it answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+}
+
+/// A tool call, in a request's history or a response.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// `call_...`.
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// What is called.
+    pub function: FunctionCall,
+}
+
+/// The function of a tool call.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    /// The function's name.
+    pub name: String,
+    /// Its arguments, a JSON object as a string.
+    pub arguments: String,
+}
+
+/// A streamed fragment of a tool call: the first names it, the rest add argument text.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ToolCallDelta {
+    /// Which call of the message (0, 1, ...).
+    pub index: usize,
+    /// The call's id (first fragment only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `function` (first fragment only).
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    /// Name (first fragment) and argument text.
+    pub function: FunctionDelta,
+}
+
+/// The function part of a [`ToolCallDelta`].
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FunctionDelta {
+    /// The function's name (first fragment only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// More argument text.
+    pub arguments: String,
 }
 
 /// A message's content.
@@ -184,8 +254,11 @@ pub struct ChatChoice {
 pub struct AssistantMessage {
     /// Always `assistant`.
     pub role: &'static str,
-    /// The generated text.
-    pub content: String,
+    /// The generated text (null when the message is only tool calls).
+    pub content: Option<String>,
+    /// The tool calls the model made (absent when none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
 }
 
 /// `chat.completion.chunk`.
@@ -228,6 +301,9 @@ pub struct Delta {
     /// New text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// Tool-call fragments.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// Chat logprobs: one entry per generated token.

@@ -5,11 +5,13 @@
 use std::sync::Arc;
 
 use cleave_engine::chat::{ChatError, ChatMessage, ChatTemplate};
+use cleave_engine::constrain::{Constraint, LazyGrammars};
 use cleave_engine::sample::SamplingParams;
 use cleave_engine::tokenizer::Tokenizer;
 
 use super::error::ApiError;
 use super::openai::{CompletionRequest, Content, Logprobs, Message, Prompt, Stop};
+use super::tools::{self, Tools};
 
 /// Most choices per prompt (`n`).
 pub const MAX_N: u64 = 16;
@@ -55,6 +57,10 @@ pub struct Job {
     pub stream: bool,
     /// Whether a streamed response ends with a usage chunk.
     pub include_usage: bool,
+    /// Chat: the tools in play (their calls are parsed out of the output).
+    pub tools: Option<Tools>,
+    /// The request field `params.constraint` came from, for compile errors.
+    pub constraint_field: String,
 }
 
 impl Job {
@@ -114,7 +120,7 @@ pub fn parse_body(bytes: &[u8]) -> Result<CompletionRequest, ApiError> {
 /// empty prompt list, plus the raw input to tokenize and the requested `max_tokens`.
 pub fn validate(
     endpoint: Endpoint,
-    req: CompletionRequest,
+    mut req: CompletionRequest,
     served_model: &str,
 ) -> Result<(Job, Input, Option<usize>), ApiError> {
     if let Some(model) = &req.model {
@@ -122,6 +128,32 @@ pub fn validate(
             return Err(ApiError::ModelNotFound(model.clone()));
         }
     }
+    let structured = super::structured::requested(&req)?;
+    let tools = match endpoint {
+        Endpoint::Chat => tools::parse(
+            req.tools.take(),
+            req.tool_choice.take(),
+            req.parallel_tool_calls,
+        )?,
+        Endpoint::Completion if req.tools.is_some() || req.tool_choice.is_some() => {
+            return Err(ApiError::invalid(
+                "tools",
+                "`tools` is only supported in /v1/chat/completions",
+            ))
+        }
+        Endpoint::Completion => None,
+    };
+    let (constraint, constraint_field) = match (&tools, structured) {
+        (Some(_), Some(r)) => {
+            return Err(ApiError::invalid(
+                r.field,
+                "constraining the output together with `tools` is not supported: give one",
+            ))
+        }
+        (Some(t), None) => (t.constraint()?, "tool_choice".to_string()),
+        (None, Some(r)) => (Some(r.constraint), r.field),
+        (None, None) => (None, String::new()),
+    };
     let input = match endpoint {
         Endpoint::Chat => {
             let messages = req
@@ -133,7 +165,10 @@ pub fn validate(
                     "`messages` must not be empty",
                 ));
             }
-            Input::Chat(chat_messages(messages)?)
+            Input::Chat {
+                messages: chat_messages(messages)?,
+                tools: tools.clone(),
+            }
         }
         Endpoint::Completion => {
             let prompt = req
@@ -240,6 +275,7 @@ pub fn validate(
         stop_token_ids: Vec::new(),
         ignore_eos: req.ignore_eos.unwrap_or(false),
         logprobs,
+        constraint,
     };
     params.validate().map_err(ApiError::bad_request)?;
     let stream = req.stream.unwrap_or(false);
@@ -250,15 +286,41 @@ pub fn validate(
         params,
         stream,
         include_usage: stream && req.stream_options.is_some_and(|o| o.include_usage),
+        tools,
+        constraint_field,
     };
     Ok((job, input, max_tokens))
+}
+
+/// Compiles the job's output constraint and its tools' parameter schemas: a schema, regex or
+/// grammar that cannot be enforced is a 400 naming its field, before anything is placed.
+pub fn check_constraint(
+    grammars: &LazyGrammars,
+    constraint: Option<&Constraint>,
+    field: &str,
+    tools: Option<&Tools>,
+) -> Result<(), ApiError> {
+    if let Some(t) = tools {
+        t.check(grammars)?;
+    }
+    if let Some(c) = constraint {
+        grammars
+            .compile(c)
+            .map_err(|e| ApiError::invalid(field, format!("`{field}` cannot be enforced: {e}")))?;
+    }
+    Ok(())
 }
 
 /// The prompt material before tokenization.
 #[derive(Debug)]
 pub enum Input {
-    /// A conversation to render with the chat template.
-    Chat(Vec<ChatMessage>),
+    /// A conversation to render with the chat template, and the tools to describe.
+    Chat {
+        /// The conversation.
+        messages: Vec<ChatMessage>,
+        /// The tools in play.
+        tools: Option<Tools>,
+    },
     /// Prompt texts (BOS added when the model wants it).
     Texts(Vec<String>),
     /// Prompts already tokenized by the client.
@@ -273,13 +335,19 @@ pub fn tokenize(
     max_tokens: Option<usize>,
 ) -> Result<Vec<PromptJob>, ApiError> {
     let (prompts, what) = match input {
-        Input::Chat(messages) => {
+        Input::Chat { messages, tools } => {
             let template = t.template.as_ref().ok_or_else(|| {
                 ApiError::bad_request(
                     "this model has no chat template; use /v1/completions instead",
                 )
             })?;
-            let text = template.render(&messages, true).map_err(|e| match e {
+            let rendered = if template.supports_tools() {
+                let defs = tools.as_ref().map(Tools::definitions);
+                template.render_with_tools(&messages, defs.as_deref(), true)
+            } else {
+                template.render(&tools::fallback_messages(messages, tools.as_ref()), true)
+            };
+            let text = rendered.map_err(|e| match e {
                 ChatError::Raised(m) => ApiError::invalid("messages", m),
                 other => ApiError::Internal(format!("chat template: {other}")),
             })?;
@@ -354,6 +422,7 @@ fn fit_context(
 /// Chat messages with their content flattened to text (text parts joined by newlines, as
 /// vLLM does).
 fn chat_messages(messages: Vec<Message>) -> Result<Vec<ChatMessage>, ApiError> {
+    let mut call_ids: Vec<String> = Vec::new();
     messages
         .into_iter()
         .enumerate()
@@ -383,7 +452,42 @@ fn chat_messages(messages: Vec<Message>) -> Result<Vec<ChatMessage>, ApiError> {
                     texts.join("\n")
                 }
             };
-            Ok(ChatMessage::new(m.role, content))
+            let mut msg = ChatMessage::new(m.role, content);
+            if let Some(calls) = m.tool_calls {
+                if msg.role != "assistant" {
+                    return Err(ApiError::invalid(
+                        format!("messages[{i}].tool_calls"),
+                        "only assistant messages carry `tool_calls`",
+                    ));
+                }
+                let calls = calls
+                    .iter()
+                    .enumerate()
+                    .map(|(j, c)| tools::history_call(c, &format!("messages[{i}].tool_calls[{j}]")))
+                    .collect::<Result<Vec<_>, _>>()?;
+                call_ids.extend(
+                    calls
+                        .iter()
+                        .filter_map(|c| c["id"].as_str().map(str::to_string)),
+                );
+                msg.tool_calls = Some(calls);
+            }
+            if msg.role == "tool" {
+                let id = m.tool_call_id.ok_or_else(|| {
+                    ApiError::invalid(
+                        format!("messages[{i}].tool_call_id"),
+                        "a `tool` message needs the `tool_call_id` it answers",
+                    )
+                })?;
+                if !call_ids.contains(&id) {
+                    return Err(ApiError::invalid(
+                        format!("messages[{i}].tool_call_id"),
+                        format!("no earlier assistant message made the tool call `{id}`"),
+                    ));
+                }
+                msg.tool_call_id = Some(id);
+            }
+            Ok(msg)
         })
         .collect()
 }

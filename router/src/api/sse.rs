@@ -25,6 +25,7 @@ use super::generate::{chat_logprobs, ended_early, text_logprobs, Choice, Meta, S
 use super::metrics::RouterMetrics;
 use super::openai::{ChatChunk, ChunkChoice, Delta, TextChoice, TextCompletion, Usage};
 use super::prepare::{Endpoint, Job};
+use super::toolparse::{self, CallParser, Piece};
 use crate::admit::Permit;
 
 /// The body of a streamed response.
@@ -34,6 +35,8 @@ pub struct SseBody {
     choices: Vec<Choice>,
     /// Characters streamed so far per choice (completions' `text_offset`).
     offsets: Vec<usize>,
+    /// Per choice, when tools are in play: the parser that turns text into tool-call deltas.
+    calls: Vec<Option<CallParser>>,
     usage: Usage,
     include_usage: bool,
     out: VecDeque<Bytes>,
@@ -59,6 +62,9 @@ impl SseBody {
         let choices = Choice::all(job);
         let mut body = SseBody {
             offsets: vec![0; choices.len()],
+            calls: (0..choices.len())
+                .map(|_| job.tools.as_ref().map(|_| CallParser::new()))
+                .collect(),
             deadline: permit
                 .deadline()
                 .map(|d| Box::pin(tokio::time::sleep_until(d))),
@@ -79,6 +85,7 @@ impl SseBody {
                 let delta = Delta {
                     role: Some("assistant"),
                     content: Some(String::new()),
+                    tool_calls: None,
                 };
                 body.chat_chunk(index, delta, None, None);
             }
@@ -158,13 +165,48 @@ impl SseBody {
         self.push(bytes);
     }
 
+    /// Chat with tools: the text goes through the choice's call parser; each piece is a chunk
+    /// (the token's logprobs ride on the first, or on an empty one).
+    fn tool_step(&mut self, index: usize, step: Step) {
+        let Some(parser) = self.calls[index].as_mut() else {
+            return;
+        };
+        let (text, token, done) = match step {
+            Step::Token(text, token) => (text, Some(token), None),
+            Step::Done(text, reason) => (text, None, Some(reason)),
+        };
+        // Calls begun before each piece (a `Call` piece begins the next one).
+        let mut begun = parser.calls();
+        let mut pieces = parser.push(&text);
+        if done.is_some() {
+            pieces.extend(parser.finish());
+        }
+        let mut token = token.filter(|_| self.meta.logprobs);
+        if pieces.is_empty() && token.is_some() {
+            pieces.push(Piece::Text(String::new()));
+        }
+        for piece in pieces {
+            let is_call = matches!(piece, Piece::Call(_));
+            let delta = toolparse::delta(piece, begun);
+            self.chat_chunk(index, delta, token.take().as_ref(), None);
+            begun += usize::from(is_call);
+        }
+        if let Some(reason) = done {
+            let finish = toolparse::finish_reason(reason, begun);
+            self.chat_chunk(index, Delta::default(), None, Some(finish));
+        }
+    }
+
     fn on_step(&mut self, index: usize, step: Step) {
+        if self.calls[index].is_some() {
+            return self.tool_step(index, step);
+        }
         match (self.meta.endpoint, step) {
             (Endpoint::Chat, Step::Token(text, token)) => {
                 if !text.is_empty() || self.meta.logprobs {
                     let delta = Delta {
-                        role: None,
                         content: Some(text),
+                        ..Delta::default()
                     };
                     self.chat_chunk(index, delta, Some(&token), None);
                 }
@@ -172,8 +214,8 @@ impl SseBody {
             (Endpoint::Chat, Step::Done(text, reason)) => {
                 if !text.is_empty() {
                     let delta = Delta {
-                        role: None,
                         content: Some(text),
+                        ..Delta::default()
                     };
                     self.chat_chunk(index, delta, None, None);
                 }

@@ -4,6 +4,7 @@
 
 mod errors;
 mod streaming;
+mod tools;
 
 use std::collections::HashSet;
 use std::pin::Pin;
@@ -64,6 +65,8 @@ pub(super) enum Mode {
     Abort,
     /// Refuses with `NoWorkers`.
     NoWorkers,
+    /// Streams this text token by token, then finishes `Stop`.
+    Text(&'static str),
 }
 
 /// A fake backend: canned tokens, a record of requests, a count of streams alive.
@@ -101,7 +104,11 @@ impl Backend for Fake {
             return Err(BackendError::NoWorkers);
         }
         self.requests.lock().unwrap().push(req.clone());
-        let ids = self.tok.encode(REPLY, false);
+        let reply = match self.mode {
+            Mode::Text(t) => t,
+            _ => REPLY,
+        };
+        let ids = self.tok.encode(reply, false);
         let take = ids.len().min(req.params.max_tokens);
         let token = |id: u32| BackendEvent::Token {
             id,
@@ -119,7 +126,7 @@ impl Backend for Fake {
             text: String::new(),
         };
         let events: Vec<BackendEvent> = match self.mode {
-            Mode::Reply => {
+            Mode::Reply | Mode::Text(_) => {
                 let mut ev: Vec<_> = ids[..take].iter().map(|&id| token(id)).collect();
                 let reason = if take < ids.len() {
                     FinishReason::Length
@@ -202,6 +209,10 @@ pub(super) fn harness(opts: Opts) -> Option<Harness> {
     let metrics = Arc::new(RouterMetrics::new(&mut registry));
     let state = Arc::new(ApiState {
         backend: fake.clone(),
+        grammars: Arc::new(cleave_engine::constrain::LazyGrammars::new(
+            tok.clone(),
+            None,
+        )),
         tokenizer: tok,
         template: Some(tmpl),
         max_context: opts.max_context,

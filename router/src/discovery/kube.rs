@@ -71,8 +71,23 @@ pub fn pod_state(pod: &Pod) -> PodState {
         Some(other) => return PodState::Invalid(format!("unknown {POOL_LABEL} {other:?}")),
         None => return PodState::Invalid(format!("no {POOL_LABEL} label")),
     };
+    let host = match pod_host(pod) {
+        Ok(h) => h,
+        Err(state) => return state,
+    };
+    let port = grpc_port(pod);
+    PodState::Serving(Record {
+        role,
+        endpoint: format!("http://{host}:{port}"),
+    })
+}
+
+/// The host part of a serving pod's endpoints (an IPv4 address, or an IPv6 one in brackets),
+/// or why it does not serve: terminating, a follower rank of a worker group, not ready, no or a
+/// bad pod IP. Shared with the endpoint picker's pool members.
+pub fn pod_host(pod: &Pod) -> Result<String, PodState> {
     if pod.metadata.deletion_timestamp.is_some() {
-        return PodState::Waiting("terminating");
+        return Err(PodState::Waiting("terminating"));
     }
     // A follower rank of a multi-node worker group: only the group's leader serves requests.
     let labels = pod.metadata.labels.as_ref();
@@ -80,37 +95,37 @@ pub fn pod_state(pod: &Pod) -> PodState {
     let follower = label(LWS_INDEX_LABEL).is_some_and(|i| i != "0")
         || (label(GROUP_LABEL).is_some() && label(POD_INDEX_LABEL).is_some_and(|i| i != "0"));
     if follower {
-        return PodState::Waiting("a follower rank of a worker group");
+        return Err(PodState::Waiting("a follower rank of a worker group"));
     }
     let status = pod.status.as_ref();
     let ready = status
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
     if !ready {
-        return PodState::Waiting("not ready");
+        return Err(PodState::Waiting("not ready"));
     }
     let Some(ip) = status
         .and_then(|s| s.pod_ip.as_deref())
         .filter(|ip| !ip.is_empty())
     else {
-        return PodState::Waiting("no pod IP");
+        return Err(PodState::Waiting("no pod IP"));
     };
-    let host = match ip.parse::<IpAddr>() {
-        Ok(IpAddr::V4(v4)) => v4.to_string(),
-        Ok(IpAddr::V6(v6)) => format!("[{v6}]"),
-        Err(_) => return PodState::Invalid(format!("pod IP {ip:?} is no IP address")),
-    };
-    let port = pod
-        .spec
+    match ip.parse::<IpAddr>() {
+        Ok(IpAddr::V4(v4)) => Ok(v4.to_string()),
+        Ok(IpAddr::V6(v6)) => Ok(format!("[{v6}]")),
+        Err(_) => Err(PodState::Invalid(format!("pod IP {ip:?} is no IP address"))),
+    }
+}
+
+/// A worker pod's gRPC port: its container port named [`GRPC_PORT_NAME`], else
+/// [`DEFAULT_GRPC_PORT`].
+pub fn grpc_port(pod: &Pod) -> i32 {
+    pod.spec
         .iter()
         .flat_map(|s| &s.containers)
         .flat_map(|c| c.ports.iter().flatten())
         .find(|p| p.name.as_deref() == Some(GRPC_PORT_NAME))
-        .map_or(DEFAULT_GRPC_PORT, |p| p.container_port);
-    PodState::Serving(Record {
-        role,
-        endpoint: format!("http://{host}:{port}"),
-    })
+        .map_or(DEFAULT_GRPC_PORT, |p| p.container_port)
 }
 
 fn pod_name(pod: &Pod) -> String {

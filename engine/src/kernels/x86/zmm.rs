@@ -19,9 +19,10 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::super::{Activations, OutPtr, QMatrix, WeightType};
+mod kquant;
 mod reduce;
 
-use super::{finish, packed_rows, unpack_q4, Prefetch, QK};
+use super::{expand_qh, finish, packed_rows, unpack_q4, Prefetch, QK};
 
 /// Converts the f16 scales of blocks `b..min(b + 8, nb)` of `bytes` (little-endian f16s),
 /// zero past `nb`, with one masked load (the tail of a row otherwise costs a memcpy call per
@@ -192,7 +193,7 @@ fn chunk_scales<const TP: usize>(
     }
 }
 
-/// Q4_0 / Q4_1 tile of rows `r0..r0 + R` × the `T = 2·TP` tokens of `x`.
+/// Q4_0 / Q4_1 / Q5_0 / Q5_1 tile of rows `r0..r0 + R` × the `T = 2·TP` tokens of `x`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
 fn tile_q4<const R: usize, const T: usize, const TP: usize>(
     m: &QMatrix,
@@ -212,7 +213,10 @@ fn tile_q4<const R: usize, const T: usize, const TP: usize>(
             let d = load_f16x8_masked(rows[r].d, b0, nb);
             let mw = match rows[r].m {
                 Some(mb) => load_f16x8_masked(mb, b0, nb),
-                None => _mm256_mul_ps(d, _mm256_set1_ps(-8.0)),
+                None => {
+                    let zero = if rows[r].qh.is_some() { -16.0 } else { -8.0 };
+                    _mm256_mul_ps(d, _mm256_set1_ps(zero))
+                }
             };
             let mw = dup_ps(mw);
             #[allow(clippy::needless_range_loop)]
@@ -230,7 +234,11 @@ fn tile_q4<const R: usize, const T: usize, const TP: usize>(
             for r in 0..R {
                 // SAFETY: `b < nb` and each row's qs holds `16 · nb` bytes (checked in
                 // `packed_rows`).
-                w[r] = dup_epi32(unsafe { unpack_q4(qs[r].add(16 * b)) });
+                let mut q = unsafe { unpack_q4(qs[r].add(16 * b)) };
+                if let Some(qh) = rows[r].qh {
+                    q = _mm256_or_si256(q, expand_qh(qh, b));
+                }
+                w[r] = dup_epi32(q);
             }
             for p in 0..TP {
                 let xv = x.xq(p, b);
@@ -304,21 +312,20 @@ fn tiles<const R: usize, const T: usize, const TP: usize>(
     out: OutPtr,
     rows: Range<usize>,
 ) {
-    let q8 = m.ty == WeightType::Q8_0;
     let mut r = rows.start;
     while r + R <= rows.end {
-        if q8 {
-            tile_q8::<R, T, TP>(m, r, x, out);
-        } else {
-            tile_q4::<R, T, TP>(m, r, x, out);
+        match m.ty {
+            WeightType::Q8_0 => tile_q8::<R, T, TP>(m, r, x, out),
+            t if t.is_k() => kquant::tile::<R, T, TP>(m, r, x, out),
+            _ => tile_q4::<R, T, TP>(m, r, x, out),
         }
         r += R;
     }
     while r < rows.end {
-        if q8 {
-            tile_q8::<1, T, TP>(m, r, x, out);
-        } else {
-            tile_q4::<1, T, TP>(m, r, x, out);
+        match m.ty {
+            WeightType::Q8_0 => tile_q8::<1, T, TP>(m, r, x, out),
+            t if t.is_k() => kquant::tile::<1, T, TP>(m, r, x, out),
+            _ => tile_q4::<1, T, TP>(m, r, x, out),
         }
         r += 1;
     }

@@ -169,7 +169,7 @@ fn check(call: &'static str, status: sys::ucs_status_t) -> Result<(), Error> {
 /// UCS_PTR_IS_ERR / UCS_PTR_STATUS: a status pointer is a request, NULL (done) or an error.
 fn ptr_status(ptr: *mut c_void) -> Option<sys::ucs_status_t> {
     let last = sys::ucs_status_t::UCS_ERR_LAST.0 as isize as usize;
-    ((ptr as usize) >= last).then(|| sys::ucs_status_t(ptr as isize as _))
+    ((ptr as usize) >= last).then_some(sys::ucs_status_t(ptr as isize as _))
 }
 
 impl State {
@@ -386,7 +386,7 @@ impl State {
         };
         let mut param = sys::ucp_request_param_t::default();
         if let Some(memh) = memh {
-            param.op_attr_mask = sys::UCP_OP_ATTR_FIELD_MEMH as u32;
+            param.op_attr_mask = sys::UCP_OP_ATTR_FIELD_MEMH;
             param.memh = memh;
         }
         for run in runs {
@@ -445,8 +445,8 @@ impl State {
             unsafe { sys::ucp_rkey_destroy(rkey) };
         }
         let param = sys::ucp_request_param_t {
-            op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS as u32,
-            flags: sys::UCP_EP_CLOSE_FLAG_FORCE as u32,
+            op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS,
+            flags: sys::UCP_EP_CLOSE_FLAG_FORCE,
             ..Default::default()
         };
         // SAFETY: the endpoint is live and removed from the map, so closed once.

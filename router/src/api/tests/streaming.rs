@@ -9,7 +9,7 @@ use tokio_stream::StreamExt;
 
 use super::{harness, hello, model, Mode, Opts, MODEL, REPLY};
 
-fn parse(events: &[String]) -> (Vec<Value>, bool) {
+pub(super) fn parse(events: &[String]) -> (Vec<Value>, bool) {
     let done = events.last().map(String::as_str) == Some("[DONE]");
     let chunks = events
         .iter()

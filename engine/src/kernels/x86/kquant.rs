@@ -1,0 +1,369 @@
+//! AVX2 tiles for the K-quants (Q2_K … Q6_K), bit-identical to `kquant::dot`.
+//!
+//! Per super-block and row the scales are decoded once (scalar: 12 bytes of 6-bit fields, or 16
+//! `i8`s) and the products `d · dx` of all eight activation blocks are formed with one vector
+//! multiply per token; the quants are unpacked 32 bytes at a time (a Q4_K/Q5_K load yields two
+//! sub-blocks: low and high nibbles; Q6_K combines `ql` nibbles with 2-bit `qh` fields). The
+//! integer step is `madd(maddubs(q, x), sc)`: the sub-block scale takes the place of the ones
+//! vector of the 32-element formats, so scaling costs nothing. Q6_K's `q − 32` is signed and
+//! uses the sign trick (`|w| × sign(x, w)`). Sums never saturate: a `maddubs` pair is at most
+//! `2·32·127` (Q6_K) or `2·31·127` (Q5_K), and a lane at most `2^21`.
+//!
+//! Both x86 backends use these tiles (VNNI has no token-pair K-quant tile: `Isa::pairs` is
+//! false for K-quants).
+
+use std::arch::x86_64::*;
+
+use super::super::kquant::{
+    scales_k3, scales_k4, K2_D, K2_QS, K3_D, K3_QS, K3_SC, K4_QS, K5_QH, K5_QS, K6_D, K6_QH, K6_SC,
+};
+use super::super::{OutPtr, QMatrix, WeightType, QK_K};
+use super::{finish, Prefetch, Tokens};
+
+/// Rows `r0..r0 + R` × the tokens of `tok` of a K-quant matrix.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn tile<const R: usize, const T: usize>(
+    m: &QMatrix,
+    r0: usize,
+    tok: &Tokens<'_, T>,
+    out: OutPtr,
+) {
+    match m.ty {
+        WeightType::Q2_K => tile_k23::<R, T, false>(m, r0, tok, out),
+        WeightType::Q3_K => tile_k23::<R, T, true>(m, r0, tok, out),
+        WeightType::Q4_K => tile_k45::<R, T, false>(m, r0, tok, out),
+        WeightType::Q5_K => tile_k45::<R, T, true>(m, r0, tok, out),
+        WeightType::Q6_K => tile_k6::<R, T>(m, r0, tok, out),
+        other => unreachable!("{other:?} is not a K-quant"),
+    }
+}
+
+/// The rows `r0..r0 + R`, each checked to hold `cols / 256` super-blocks.
+#[inline(always)]
+pub(super) fn raw_rows<const R: usize>(m: &QMatrix, r0: usize) -> [&[u8]; R] {
+    let mut rows = [&[][..]; R];
+    for (r, row) in rows.iter_mut().enumerate() {
+        *row = m.raw_row(r0 + r);
+        assert_eq!(row.len(), m.cols / QK_K * m.ty.block_bytes());
+    }
+    rows
+}
+
+pub(super) fn f16_le(b: &[u8], at: usize) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
+}
+
+/// Loads 32 bytes at `p`.
+///
+/// # Safety
+/// `p` must point to 32 readable bytes.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn load32(p: *const u8) -> __m256i {
+    // SAFETY: the caller guarantees 32 readable bytes; unaligned load.
+    unsafe { _mm256_loadu_si256(p.cast()) }
+}
+
+/// Stores `d · dx` of blocks `b0..b0 + 8` for every token of the tile.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn block_scales<const T: usize>(d: f32, tok: &Tokens<'_, T>, b0: usize, dd: &mut [[f32; 8]; T]) {
+    let dv = _mm256_set1_ps(d);
+    for (t, dd) in dd.iter_mut().enumerate() {
+        // SAFETY: room for 8 f32s; unaligned store.
+        unsafe { _mm256_storeu_ps(dd.as_mut_ptr(), _mm256_mul_ps(dv, tok.xd8(t, b0))) };
+    }
+}
+
+/// `−dmin · m_k` for a Q4_K / Q5_K super-block's eight sub-block mins (negating the product
+/// or a factor rounds the same).
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn neg_mins(dmin: f32, mins: &[u8; 8]) -> __m256 {
+    let mut mi = [0i32; 8];
+    for (mi, &v) in mi.iter_mut().zip(mins) {
+        *mi = v.into();
+    }
+    // SAFETY: `mi` is 8 readable i32s; unaligned load.
+    let mv = _mm256_cvtepi32_ps(unsafe { _mm256_loadu_si256(mi.as_ptr().cast()) });
+    _mm256_mul_ps(_mm256_set1_ps(-dmin), mv)
+}
+
+/// Q4_K (`Q5 = false`) or Q5_K tile.
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tile_k45<const R: usize, const T: usize, const Q5: bool>(
+    m: &QMatrix,
+    r0: usize,
+    tok: &Tokens<'_, T>,
+    out: OutPtr,
+) {
+    let rows = raw_rows::<R>(m, r0);
+    let bb = m.ty.block_bytes();
+    let qs_at = if Q5 { K5_QS } else { K4_QS };
+    let pf = Prefetch::new::<R>(m, r0, rows[0].as_ptr());
+    let nib = _mm256_set1_epi8(15);
+    let five = _mm256_set1_epi8(0x10);
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    let mut dd = [[[0f32; 8]; T]; R];
+    for s in 0..m.cols / QK_K {
+        let b0 = 8 * s;
+        let mut sc = [[0u8; 8]; R];
+        for r in 0..R {
+            let blk = &rows[r][s * bb..(s + 1) * bb];
+            let (d, dmin) = (f16_le(blk, 0), f16_le(blk, 2));
+            let (scs, mins) = scales_k4(&blk[4..16]);
+            sc[r] = scs;
+            let mneg = neg_mins(dmin, &mins);
+            for t in 0..T {
+                acc[r][t] = _mm256_fmadd_ps(mneg, tok.s8(t, b0), acc[r][t]);
+            }
+            block_scales::<T>(d, tok, b0, &mut dd[r]);
+        }
+        // Keep the scales in memory so that they are broadcast by loads.
+        std::hint::black_box(&mut dd);
+        for g in 0..4 {
+            let (j0, j1) = (2 * g, 2 * g + 1);
+            pf.block(b0 + j0);
+            pf.block(b0 + j1);
+            let mut lo = [_mm256_setzero_si256(); R];
+            let mut hi = [_mm256_setzero_si256(); R];
+            let mut s0 = [_mm256_setzero_si256(); R];
+            let mut s1 = [_mm256_setzero_si256(); R];
+            for r in 0..R {
+                let blk = &rows[r][s * bb..(s + 1) * bb];
+                // SAFETY: `qs_at + 32g + 32 <= bb`, inside the super-block.
+                let v = unsafe { load32(blk.as_ptr().add(qs_at + 32 * g)) };
+                lo[r] = _mm256_and_si256(v, nib);
+                hi[r] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
+                if Q5 {
+                    // SAFETY: `K5_QH + 32 <= bb`.
+                    let qh = unsafe { load32(blk.as_ptr().add(K5_QH)) };
+                    let (m0, m1) = (_mm256_set1_epi8(1 << j0), _mm256_set1_epi8(1 << j1));
+                    let h0 = _mm256_cmpeq_epi8(_mm256_and_si256(qh, m0), m0);
+                    let h1 = _mm256_cmpeq_epi8(_mm256_and_si256(qh, m1), m1);
+                    lo[r] = _mm256_or_si256(lo[r], _mm256_and_si256(h0, five));
+                    hi[r] = _mm256_or_si256(hi[r], _mm256_and_si256(h1, five));
+                }
+                s0[r] = _mm256_set1_epi16(sc[r][j0].into());
+                s1[r] = _mm256_set1_epi16(sc[r][j1].into());
+            }
+            for t in 0..T {
+                let (x0, x1) = (tok.xq32(t, b0 + j0), tok.xq32(t, b0 + j1));
+                for r in 0..R {
+                    let l0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo[r], x0), s0[r]);
+                    let f0 = _mm256_broadcast_ss(&dd[r][t][j0]);
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l0), f0, acc[r][t]);
+                    let l1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi[r], x1), s1[r]);
+                    let f1 = _mm256_broadcast_ss(&dd[r][t][j1]);
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l1), f1, acc[r][t]);
+                }
+            }
+        }
+    }
+    finish(&acc, m.rows, r0, tok.t0, out);
+}
+
+/// Q6_K tile.
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tile_k6<const R: usize, const T: usize>(
+    m: &QMatrix,
+    r0: usize,
+    tok: &Tokens<'_, T>,
+    out: OutPtr,
+) {
+    let rows = raw_rows::<R>(m, r0);
+    let bb = m.ty.block_bytes();
+    let pf = Prefetch::new::<R>(m, r0, rows[0].as_ptr());
+    let (nib, top, m32) = (
+        _mm256_set1_epi8(15),
+        _mm256_set1_epi8(0x30),
+        _mm256_set1_epi8(32),
+    );
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    let mut dd = [[[0f32; 8]; T]; R];
+    for s in 0..m.cols / QK_K {
+        let b0 = 8 * s;
+        for r in 0..R {
+            let blk = &rows[r][s * bb..(s + 1) * bb];
+            block_scales::<T>(f16_le(blk, K6_D), tok, b0, &mut dd[r]);
+        }
+        // Keep the scales in memory so that they are broadcast by loads.
+        std::hint::black_box(&mut dd);
+        for n in 0..2 {
+            // The four 32-element blocks of this half, per row: (|w|, w) and the i16 scales.
+            let mut w = [[(_mm256_setzero_si256(), _mm256_setzero_si256()); 4]; R];
+            let mut scv = [[_mm256_setzero_si256(); 4]; R];
+            for r in 0..R {
+                let blk = &rows[r][s * bb..(s + 1) * bb];
+                let p = blk.as_ptr();
+                // SAFETY: `64n + 64 <= K6_QH` and `K6_QH + 32n + 32 <= K6_SC`: all inside the
+                // super-block.
+                let (ql0, ql1, qh) = unsafe {
+                    (
+                        load32(p.add(64 * n)),
+                        load32(p.add(64 * n + 32)),
+                        load32(p.add(K6_QH + 32 * n)),
+                    )
+                };
+                let q = [
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql0, nib),
+                        _mm256_and_si256(_mm256_slli_epi16::<4>(qh), top),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(ql1, nib),
+                        _mm256_and_si256(_mm256_slli_epi16::<2>(qh), top),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), nib),
+                        _mm256_and_si256(qh, top),
+                    ),
+                    _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), nib),
+                        _mm256_and_si256(_mm256_srli_epi16::<2>(qh), top),
+                    ),
+                ];
+                for g in 0..4 {
+                    let v = _mm256_sub_epi8(q[g], m32);
+                    w[r][g] = (_mm256_abs_epi8(v), v);
+                    let j = 4 * n + g;
+                    let (sa, sb) = (blk[K6_SC + 2 * j] as i8, blk[K6_SC + 2 * j + 1] as i8);
+                    scv[r][g] =
+                        _mm256_set_m128i(_mm_set1_epi16(sb.into()), _mm_set1_epi16(sa.into()));
+                }
+            }
+            for g in 0..4 {
+                let j = 4 * n + g;
+                pf.block(b0 + j);
+                for t in 0..T {
+                    let x = tok.xq32(t, b0 + j);
+                    for r in 0..R {
+                        let (aw, sw) = w[r][g];
+                        let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, sw));
+                        let l = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, scv[r][g]));
+                        let f = _mm256_broadcast_ss(&dd[r][t][j]);
+                        acc[r][t] = _mm256_fmadd_ps(l, f, acc[r][t]);
+                    }
+                }
+            }
+        }
+    }
+    finish(&acc, m.rows, r0, tok.t0, out);
+}
+
+/// The i16 scale vector of a 32-element block made of two 16-element sub-blocks: `a` for the
+/// first eight `maddubs` pairs, `b` for the last eight.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn pair_scales(a: i16, b: i16) -> __m256i {
+    _mm256_set_m128i(_mm_set1_epi16(b), _mm_set1_epi16(a))
+}
+
+/// Q2_K (`Q3 = false`) or Q3_K tile: 2-bit quants from `qs` (plus Q3_K's `hmask` bit), two
+/// 16-element sub-blocks per 32-element block.
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tile_k23<const R: usize, const T: usize, const Q3: bool>(
+    m: &QMatrix,
+    r0: usize,
+    tok: &Tokens<'_, T>,
+    out: OutPtr,
+) {
+    let rows = raw_rows::<R>(m, r0);
+    let bb = m.ty.block_bytes();
+    let qs_at = if Q3 { K3_QS } else { K2_QS };
+    let pf = Prefetch::new::<R>(m, r0, rows[0].as_ptr());
+    let (three, four) = (_mm256_set1_epi8(3), _mm256_set1_epi8(4));
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    // `d · dx` and (Q2_K) `−dmin · dx` per row, token and block.
+    let mut dd = [[[0f32; 8]; T]; R];
+    let mut dm = [[[0f32; 8]; T]; R];
+    for s in 0..m.cols / QK_K {
+        let b0 = 8 * s;
+        // Per row and sub-block: the scale (Q3_K: signed) and, for Q2_K, the minimum.
+        let mut sc = [[0i16; 16]; R];
+        let mut mn = [[0u8; 16]; R];
+        for r in 0..R {
+            let blk = &rows[r][s * bb..(s + 1) * bb];
+            if Q3 {
+                let k3 = scales_k3(&blk[K3_SC..K3_SC + 12]);
+                for (o, &v) in sc[r].iter_mut().zip(&k3) {
+                    *o = v.into();
+                }
+                block_scales::<T>(f16_le(blk, K3_D), tok, b0, &mut dd[r]);
+            } else {
+                for i in 0..16 {
+                    sc[r][i] = (blk[i] & 15).into();
+                    mn[r][i] = blk[i] >> 4;
+                }
+                block_scales::<T>(f16_le(blk, K2_D), tok, b0, &mut dd[r]);
+                block_scales::<T>(-f16_le(blk, K2_D + 2), tok, b0, &mut dm[r]);
+            }
+        }
+        // Keep the scales in memory so that they are broadcast by loads.
+        std::hint::black_box(&mut dd);
+        std::hint::black_box(&mut dm);
+        for n in 0..2 {
+            let mut qv = [_mm256_setzero_si256(); R];
+            let mut hm = [_mm256_setzero_si256(); R];
+            for r in 0..R {
+                let p = rows[r][s * bb..(s + 1) * bb].as_ptr();
+                // SAFETY: `qs_at + 64 <= bb` and `32 <= bb`: inside the super-block.
+                qv[r] = unsafe { load32(p.add(qs_at + 32 * n)) };
+                if Q3 {
+                    // SAFETY: as above.
+                    hm[r] = unsafe { load32(p) };
+                }
+            }
+            for g in 0..4 {
+                let j = 4 * n + g;
+                pf.block(b0 + j);
+                let mut w = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
+                let mut scv = [_mm256_setzero_si256(); R];
+                let mut mv = [_mm256_setzero_si256(); R];
+                for r in 0..R {
+                    let sh = _mm_cvtsi32_si128(2 * g as i32);
+                    let q = _mm256_and_si256(_mm256_srl_epi16(qv[r], sh), three);
+                    w[r] = if Q3 {
+                        let bit = _mm256_set1_epi8(1 << j);
+                        let h = _mm256_cmpeq_epi8(_mm256_and_si256(hm[r], bit), bit);
+                        let v =
+                            _mm256_sub_epi8(_mm256_or_si256(q, _mm256_and_si256(h, four)), four);
+                        (_mm256_abs_epi8(v), v)
+                    } else {
+                        (q, q)
+                    };
+                    scv[r] = pair_scales(sc[r][2 * j], sc[r][2 * j + 1]);
+                    if !Q3 {
+                        let (ma, mb) = (mn[r][2 * j] as i8, mn[r][2 * j + 1] as i8);
+                        mv[r] = _mm256_set_m128i(_mm_set1_epi8(mb), _mm_set1_epi8(ma));
+                    }
+                }
+                for t in 0..T {
+                    let x = tok.xq32(t, b0 + j);
+                    for r in 0..R {
+                        let p = if Q3 {
+                            _mm256_maddubs_epi16(w[r].0, _mm256_sign_epi8(x, w[r].1))
+                        } else {
+                            _mm256_maddubs_epi16(w[r].0, x)
+                        };
+                        let l = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, scv[r]));
+                        let f = _mm256_broadcast_ss(&dd[r][t][j]);
+                        acc[r][t] = _mm256_fmadd_ps(l, f, acc[r][t]);
+                        if !Q3 {
+                            let ms = _mm256_madd_epi16(
+                                _mm256_maddubs_epi16(mv[r], x),
+                                _mm256_set1_epi16(1),
+                            );
+                            let f = _mm256_broadcast_ss(&dm[r][t][j]);
+                            acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ms), f, acc[r][t]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    finish(&acc, m.rows, r0, tok.t0, out);
+}

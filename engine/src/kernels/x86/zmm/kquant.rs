@@ -1,0 +1,182 @@
+//! 512-bit token-pair tiles for Q4_K, Q5_K and Q6_K (batched decode, prefill on VNNI), with
+//! the float operations of `kquant::dot` lane for lane, like the other pair tiles.
+//!
+//! The integer step is AVX512-BW's `madd(maddubs(q, x), sc)` over the interleaved pair (the
+//! sub-block scale applied in integers as in the 256-bit tiles; `vpdpbusd` would need a
+//! separate multiply). Q6_K has no 512-bit `sign`, so its `q − 32` is `maddubs(q, x) −
+//! maddubs(32, x)`, the second term computed once per token pair and block for all rows (both
+//! `i16` sums are exact: at most `2·63·127`).
+
+use std::arch::x86_64::*;
+
+use super::super::super::kquant::{scales_k4, K4_QS, K5_QH, K5_QS, K6_D, K6_QH, K6_SC};
+use super::super::super::{OutPtr, QMatrix, WeightType, QK_K};
+use super::super::kquant::{f16_le, load32, neg_mins, raw_rows};
+use super::super::Prefetch;
+use super::{chunk_scales, dup_epi32, dup_ps, finish_tile, pair_scale, PairView};
+
+/// Rows `r0..r0 + R` × the `T = 2·TP` tokens of `x` of a Q4_K / Q5_K / Q6_K matrix.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+pub(super) fn tile<const R: usize, const T: usize, const TP: usize>(
+    m: &QMatrix,
+    r0: usize,
+    x: &PairView<'_, TP>,
+    out: OutPtr,
+) {
+    assert_eq!(T, 2 * TP);
+    match m.ty {
+        WeightType::Q4_K => tile_k45::<R, T, TP, false>(m, r0, x, out),
+        WeightType::Q5_K => tile_k45::<R, T, TP, true>(m, r0, x, out),
+        WeightType::Q6_K => tile_k6::<R, T, TP>(m, r0, x, out),
+        other => unreachable!("{other:?} has no token-pair tile"),
+    }
+}
+
+/// Q4_K (`Q5 = false`) or Q5_K pair tile.
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+fn tile_k45<const R: usize, const T: usize, const TP: usize, const Q5: bool>(
+    m: &QMatrix,
+    r0: usize,
+    x: &PairView<'_, TP>,
+    out: OutPtr,
+) {
+    let rows = raw_rows::<R>(m, r0);
+    let bb = m.ty.block_bytes();
+    let qs_at = if Q5 { K5_QS } else { K4_QS };
+    let pf = Prefetch::new::<R>(m, r0, rows[0].as_ptr());
+    let nib = _mm256_set1_epi8(15);
+    let five = _mm256_set1_epi8(0x10);
+    let mut acc = [[_mm512_setzero_ps(); TP]; R];
+    let mut dd = [[[0f32; 16]; TP]; R];
+    for s in 0..m.cols / QK_K {
+        let b0 = 8 * s;
+        let mut sc = [[0u8; 8]; R];
+        for r in 0..R {
+            let blk = &rows[r][s * bb..(s + 1) * bb];
+            let (d, dmin) = (f16_le(blk, 0), f16_le(blk, 2));
+            let (scs, mins) = scales_k4(&blk[4..16]);
+            sc[r] = scs;
+            let mneg = dup_ps(neg_mins(dmin, &mins));
+            for p in 0..TP {
+                acc[r][p] = _mm512_fmadd_ps(mneg, x.s16(p, b0), acc[r][p]);
+            }
+            chunk_scales::<TP>(_mm512_set1_ps(d), x, b0, &mut dd[r]);
+        }
+        // Keep the scales in memory so that they are broadcast by loads.
+        std::hint::black_box(&mut dd);
+        for g in 0..4 {
+            let (j0, j1) = (2 * g, 2 * g + 1);
+            pf.block(b0 + j0);
+            pf.block(b0 + j1);
+            let mut lo = [_mm512_setzero_si512(); R];
+            let mut hi = [_mm512_setzero_si512(); R];
+            let mut s0 = [_mm512_setzero_si512(); R];
+            let mut s1 = [_mm512_setzero_si512(); R];
+            for r in 0..R {
+                s0[r] = _mm512_set1_epi16(sc[r][j0].into());
+                s1[r] = _mm512_set1_epi16(sc[r][j1].into());
+                let blk = &rows[r][s * bb..(s + 1) * bb];
+                // SAFETY: `qs_at + 32g + 32 <= bb`, inside the super-block.
+                let v = unsafe { load32(blk.as_ptr().add(qs_at + 32 * g)) };
+                let mut l = _mm256_and_si256(v, nib);
+                let mut h = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
+                if Q5 {
+                    // SAFETY: `K5_QH + 32 <= bb`.
+                    let qh = unsafe { load32(blk.as_ptr().add(K5_QH)) };
+                    let (m0, m1) = (_mm256_set1_epi8(1 << j0), _mm256_set1_epi8(1 << j1));
+                    let h0 = _mm256_cmpeq_epi8(_mm256_and_si256(qh, m0), m0);
+                    let h1 = _mm256_cmpeq_epi8(_mm256_and_si256(qh, m1), m1);
+                    l = _mm256_or_si256(l, _mm256_and_si256(h0, five));
+                    h = _mm256_or_si256(h, _mm256_and_si256(h1, five));
+                }
+                lo[r] = dup_epi32(l);
+                hi[r] = dup_epi32(h);
+            }
+            for p in 0..TP {
+                let (x0, x1) = (x.xq(p, b0 + j0), x.xq(p, b0 + j1));
+                for r in 0..R {
+                    let l0 = _mm512_madd_epi16(_mm512_maddubs_epi16(lo[r], x0), s0[r]);
+                    let f0 = pair_scale(&dd[r][p], j0);
+                    acc[r][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l0), f0, acc[r][p]);
+                    let l1 = _mm512_madd_epi16(_mm512_maddubs_epi16(hi[r], x1), s1[r]);
+                    let f1 = pair_scale(&dd[r][p], j1);
+                    acc[r][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l1), f1, acc[r][p]);
+                }
+            }
+        }
+    }
+    finish_tile::<R, T, TP>(&acc, m.rows, r0, x.t0, out);
+}
+
+/// Q6_K pair tile.
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+fn tile_k6<const R: usize, const T: usize, const TP: usize>(
+    m: &QMatrix,
+    r0: usize,
+    x: &PairView<'_, TP>,
+    out: OutPtr,
+) {
+    let rows = raw_rows::<R>(m, r0);
+    let bb = m.ty.block_bytes();
+    let pf = Prefetch::new::<R>(m, r0, rows[0].as_ptr());
+    let (nib, top) = (_mm256_set1_epi8(15), _mm256_set1_epi8(0x30));
+    let m32 = _mm512_set1_epi8(32);
+    let mut acc = [[_mm512_setzero_ps(); TP]; R];
+    let mut dd = [[[0f32; 16]; TP]; R];
+    for s in 0..m.cols / QK_K {
+        let b0 = 8 * s;
+        for r in 0..R {
+            let blk = &rows[r][s * bb..(s + 1) * bb];
+            chunk_scales::<TP>(_mm512_set1_ps(f16_le(blk, K6_D)), x, b0, &mut dd[r]);
+        }
+        // Keep the scales in memory so that they are broadcast by loads.
+        std::hint::black_box(&mut dd);
+        for j in 0..8 {
+            let (n, g) = (j / 4, j % 4);
+            pf.block(b0 + j);
+            let mut w = [_mm512_setzero_si512(); R];
+            let mut scv = [_mm512_setzero_si512(); R];
+            for r in 0..R {
+                let blk = &rows[r][s * bb..(s + 1) * bb];
+                let p = blk.as_ptr();
+                // SAFETY: `64n + 32(g % 2) + 32 <= K6_QH` and `K6_QH + 32n + 32 <= K6_SC`:
+                // inside the super-block.
+                let (ql, qh) = unsafe {
+                    (
+                        load32(p.add(64 * n + 32 * (g % 2))),
+                        load32(p.add(K6_QH + 32 * n)),
+                    )
+                };
+                let low = if g < 2 {
+                    _mm256_and_si256(ql, nib)
+                } else {
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql), nib)
+                };
+                let high = match g {
+                    0 => _mm256_slli_epi16::<4>(qh),
+                    1 => _mm256_slli_epi16::<2>(qh),
+                    2 => qh,
+                    _ => _mm256_srli_epi16::<2>(qh),
+                };
+                w[r] = dup_epi32(_mm256_or_si256(low, _mm256_and_si256(high, top)));
+                let (sa, sb) = (blk[K6_SC + 2 * j] as i8, blk[K6_SC + 2 * j + 1] as i8);
+                scv[r] = _mm512_inserti64x4::<1>(
+                    _mm512_set1_epi16(sa.into()),
+                    _mm256_set1_epi16(sb.into()),
+                );
+            }
+            for p in 0..TP {
+                let xv = x.xq(p, b0 + j);
+                let x32 = _mm512_maddubs_epi16(m32, xv);
+                for r in 0..R {
+                    let pr = _mm512_sub_epi16(_mm512_maddubs_epi16(w[r], xv), x32);
+                    let l = _mm512_cvtepi32_ps(_mm512_madd_epi16(pr, scv[r]));
+                    acc[r][p] = _mm512_fmadd_ps(l, pair_scale(&dd[r][p], j), acc[r][p]);
+                }
+            }
+        }
+    }
+    finish_tile::<R, T, TP>(&acc, m.rows, r0, x.t0, out);
+}

@@ -1,0 +1,63 @@
+//! KV events from other engines' fleets: vLLM and SGLang pods, placed by the router's policy.
+//!
+//! The hops, in order:
+//! - [`wire`]: the engines' ZMQ messages `[topic, seq, msgpack batch]`, both msgspec encodings
+//!   (array-like and tagged maps), hashes as integers or bytes;
+//! - [`chain`]: engine block chains to the router's own chained XXH3 block hashes, from the
+//!   token ids each `BlockStored` carries (so the engine's hash function, seed and extra keys
+//!   never need to be reproduced; docs/kv-events.md says why);
+//! - [`feed`]: one pod's batches into the [`cleave_kv_index::PrefixIndex`] with sequence
+//!   checks (gap, publisher restart);
+//! - [`subscribe`]: the ZMQ SUB socket per pod, and replay requests to the pod's ROUTER
+//!   endpoint to close gaps;
+//! - [`pool`]: the router's backend for such a pool: pods from `--pod`, health from
+//!   `GET /health`, placement with the configured policy, requests forwarded to the pod's
+//!   OpenAI `/v1/completions` as token ids.
+
+pub mod chain;
+pub mod feed;
+pub mod pool;
+pub mod subscribe;
+pub mod wire;
+
+pub use chain::{ChainConfig, PodChains};
+pub use feed::{FeedStats, PodFeed, SeqStep};
+pub use pool::{PodDefaults, PodSpec, Pool};
+pub use subscribe::Source;
+pub use wire::{Batch, BlockStored, EngineEvent, EngineHash, WireError};
+
+/// Whose KV events the router consumes (`--kv-events`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum KvEventsKind {
+    /// vLLM's `--kv-events-config` ZMQ publisher.
+    Vllm,
+    /// SGLang's `--kv-events-config` ZMQ publisher (the same wire format).
+    Sglang,
+}
+
+/// Starts the `--kv-events` backend: the configured pods, followed until `shutdown`, placed by
+/// the configured policy (never disaggregated: engines prefill what they decode).
+pub fn start_pool(
+    config: &crate::config::RouterConfig,
+    cluster: std::sync::Arc<crate::dispatch::Cluster>,
+    place: &crate::place::PlaceConfig,
+    model: String,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<Pool> {
+    let pods = config.engine_pods().map_err(anyhow::Error::msg)?;
+    let place = crate::place::PlaceConfig {
+        disagg_min_uncached_blocks: usize::MAX,
+        ..place.clone()
+    };
+    let pool = Pool::start(
+        &pods,
+        &ChainConfig::default(),
+        cluster,
+        config.policy.build(&place),
+        model,
+        shutdown,
+    )
+    .map_err(anyhow::Error::msg)?;
+    tracing::info!(kind = ?config.kv_events, pods = pods.len(), policy = ?config.policy, "routing to engine pods");
+    Ok(pool)
+}
