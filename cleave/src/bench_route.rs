@@ -57,7 +57,11 @@ pub struct RouteArgs {
     #[arg(long, default_value_t = TimeModel::default().prefill_tokens_per_s)]
     pub prefill_tokens_per_s: f64,
     /// Decode calibration, `batch:aggregate_tokens_per_s` points (default: `cleave bench engine`).
-    #[arg(long, value_delimiter = ',', default_value = "1:176.9,4:560.7,16:653.0")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1:176.9,4:560.7,16:653.0"
+    )]
     pub decode_curve: Vec<String>,
     /// Prefill tokens per iteration beside a running decode batch.
     #[arg(long, default_value_t = TimeModel::default().prefill_chunk_tokens)]
@@ -75,7 +79,7 @@ pub struct RouteArgs {
     /// Weight of the prefill blocks already queued on a worker in prefix-load's cost.
     #[arg(long, default_value_t = sim::DEFAULT_SIM_QUEUED_PREFILL_WEIGHT)]
     pub queued_prefill_weight: f64,
-    /// Policies to compare (default: prefix-load, the two anchors, round-robin).
+    /// Policies to compare (default: prefix-load, prefix-optimistic, the two anchors, round-robin).
     #[arg(long, value_delimiter = ',')]
     pub policies: Vec<PolicyKind>,
     /// Seed of the policies' RNG and of the tenant trace.
@@ -86,9 +90,11 @@ pub struct RouteArgs {
     pub json: bool,
 }
 
-/// The default comparison: ours, the anchors, a cache-blind baseline.
-pub const DEFAULT_POLICIES: [PolicyKind; 4] = [
+/// The default comparison: ours (the live default and the in-flight-aware variant), the
+/// anchors, a cache-blind baseline.
+pub const DEFAULT_POLICIES: [PolicyKind; 5] = [
     PolicyKind::PrefixLoad,
+    PolicyKind::PrefixOptimistic,
     PolicyKind::SglangCacheAware,
     PolicyKind::DynamoCost,
     PolicyKind::RoundRobin,

@@ -80,7 +80,12 @@ fn prefix_load_beats_round_robin_and_the_index_mirrors_the_caches() {
     );
     let one_step = config.time.decode_step_s(1);
     for p in &report.policies {
-        assert_eq!(p.completed, t.len(), "{}: every request prefilled", p.policy);
+        assert_eq!(
+            p.completed,
+            t.len(),
+            "{}: every request prefilled",
+            p.policy
+        );
         // Every event reached the index once the run drained: it mirrors the caches exactly.
         assert_eq!(
             p.final_index_mismatches, 0,
@@ -97,7 +102,10 @@ fn prefix_load_beats_round_robin_and_the_index_mirrors_the_caches() {
             "{p:?}"
         );
         // No token comes faster than a batch-1 decode step.
-        assert!(p.itl_p50_s >= one_step - 1e-12 && p.itl_p99_s >= p.itl_p50_s, "{p:?}");
+        assert!(
+            p.itl_p50_s >= one_step - 1e-12 && p.itl_p99_s >= p.itl_p50_s,
+            "{p:?}"
+        );
     }
 }
 
@@ -142,8 +150,14 @@ fn a_faster_cluster_or_a_lighter_load_lowers_ttft() {
     // Same offered load on a 10x faster engine: arrivals are 10x denser, TTFT 10x shorter
     // for the prefill part (decode steps do not scale, so not exactly).
     let fast = run(1.0, 8302.0);
-    assert!(fast.ttft_p50_s < base.ttft_p50_s / 3.0, "{fast:?} vs {base:?}");
-    assert!((fast.hit_rate - base.hit_rate).abs() < 1e-12, "round-robin ignores time");
+    assert!(
+        fast.ttft_p50_s < base.ttft_p50_s / 3.0,
+        "{fast:?} vs {base:?}"
+    );
+    assert!(
+        (fast.hit_rate - base.hit_rate).abs() < 1e-12,
+        "round-robin ignores time"
+    );
 }
 
 #[test]
@@ -172,4 +186,44 @@ fn empty_trace_and_zero_workers_are_errors() {
         ..SimConfig::default()
     };
     assert!(sim::run(&slice(), &config).is_err());
+}
+
+#[test]
+fn json_has_exactly_the_documented_shape() {
+    let t = slice();
+    let report = sim::run(&t, &SimConfig::default()).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    // Keys keep insertion order (serde_json `preserve_order`), so compare sorted.
+    let mut top: Vec<_> = v.as_object().unwrap().keys().cloned().collect();
+    top.sort();
+    assert_eq!(top, ["policies", "pooled_hit_rate"]);
+    assert!(v["pooled_hit_rate"].as_f64().unwrap() > 0.0);
+    let policies = v["policies"].as_array().unwrap();
+    let names: Vec<_> = policies
+        .iter()
+        .map(|p| p["policy"].as_str().unwrap())
+        .collect();
+    let all: Vec<_> = PolicyKind::ALL.iter().map(|k| k.name()).collect();
+    assert_eq!(names, all);
+    let numbers = [
+        "decisions_per_s",
+        "hit_rate",
+        "itl_p50_s",
+        "itl_p99_s",
+        "load_imbalance",
+        "stale_match_rate",
+        "ttft_p50_s",
+        "ttft_p99_s",
+    ];
+    for p in policies {
+        let mut keys: Vec<_> = p.as_object().unwrap().keys().cloned().collect();
+        keys.sort();
+        let mut expected: Vec<_> = numbers.iter().chain(&["policy"]).copied().collect();
+        expected.sort();
+        assert_eq!(keys, expected);
+        for k in numbers {
+            let x = p[k].as_f64().unwrap();
+            assert!(x.is_finite() && x >= 0.0, "{}: {k} = {x}", p["policy"]);
+        }
+    }
 }

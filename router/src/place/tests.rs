@@ -315,15 +315,9 @@ fn sglang_balances_only_when_both_thresholds_are_exceeded() {
     load(&mut v, 0, 0, 0, 100);
     load(&mut v, 1, 0, 0, 10);
     // Imbalanced: the full match on worker 0 is ignored.
-    assert_eq!(
-        p.place(&req(10, &[10, 0]), &v).unwrap().decode,
-        WorkerId(1)
-    );
+    assert_eq!(p.place(&req(10, &[10, 0]), &v).unwrap().decode, WorkerId(1));
     load(&mut v, 0, 0, 0, 70);
-    assert_eq!(
-        p.place(&req(10, &[10, 0]), &v).unwrap().decode,
-        WorkerId(0)
-    );
+    assert_eq!(p.place(&req(10, &[10, 0]), &v).unwrap().decode, WorkerId(0));
 }
 
 #[test]

@@ -58,6 +58,12 @@ pub struct SimReport {
     pub place: PlaceConfig,
     /// Hit rate of one LRU cache of `workers × capacity_blocks` blocks.
     pub pooled_hit_rate: f64,
+    /// TTFT p50 with the pooled cache's hits and no queue (see `sim::run`): the floor.
+    #[serde(skip)]
+    pub ttft_floor_p50_s: f64,
+    /// TTFT p99 likewise.
+    #[serde(skip)]
+    pub ttft_floor_p99_s: f64,
     pub policies: Vec<PolicyReport>,
 }
 
@@ -139,6 +145,11 @@ impl SimReport {
             curve.join(", "),
             load,
             self.arrival_scale
+        );
+        let _ = writeln!(
+            out,
+            "unloaded TTFT floor (pooled cache's hits, empty queue, prefill alone): p50 {:.2}s, p99 {:.2}s",
+            self.ttft_floor_p50_s, self.ttft_floor_p99_s
         );
         let p = &self.place;
         let _ = writeln!(
