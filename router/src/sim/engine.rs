@@ -246,8 +246,10 @@ mod tests {
 
     #[test]
     fn bad_models_are_rejected() {
-        let mut t = TimeModel::default();
-        t.decode_tokens_per_s = vec![(4, 1.0), (4, 2.0)];
+        let mut t = TimeModel {
+            decode_tokens_per_s: vec![(4, 1.0), (4, 2.0)],
+            ..TimeModel::default()
+        };
         assert!(t.validate().is_err());
         t.decode_tokens_per_s = vec![];
         assert!(t.validate().is_err());
