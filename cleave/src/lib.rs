@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod bench_collectives;
 pub mod bench_compare;
+pub mod bench_index;
 pub mod bench_route;
 pub mod bench_serve;
 pub mod bench_structured;
@@ -95,6 +96,9 @@ pub enum BenchCommand {
     /// Routing at scale, simulated: a Mooncake-format trace through the router's prefix index and
     /// placement policies against simulated workers (hit rate, load imbalance, TTFT, decisions/s).
     Route(bench_route::RouteArgs),
+    /// Prefix-index speed on one core: a trace replayed as KV events and lookups (ops/s, lookup
+    /// p50/p99, memory per cached block).
+    Index(bench_index::IndexArgs),
     /// End-to-end serving benchmark of any OpenAI-compatible endpoint: a Mooncake trace or
     /// synthetic load, TTFT/ITL/E2E percentiles, goodput, sweeps, JSON and PNG charts.
     Serve(Box<bench_serve::ServeArgs>),
@@ -180,6 +184,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             BenchCommand::Structured(args) => bench_structured::bench_structured(args),
             BenchCommand::KvTransfer(args) => bench::bench_kv_transfer(args),
             BenchCommand::Route(args) => bench_route::bench_route(args),
+            BenchCommand::Index(args) => bench_index::bench_index(args),
             BenchCommand::Serve(args) => bench_serve::bench_serve(*args),
             BenchCommand::Compare(args) => bench_compare::bench_compare(*args),
             BenchCommand::Collectives(args) => bench_collectives::bench_collectives(args),

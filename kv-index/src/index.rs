@@ -1,8 +1,10 @@
 //! [`PrefixIndex`]: which block hashes each worker holds, and the longest cached prefix per worker.
 //!
-//! Layout: one map `BlockHash → WorkerSet` (a bitset over *slots*, dense indices the index gives
-//! its workers), so a lookup walks the query once, intersecting the set of workers that still
-//! match with each block's set and stopping at the first block no remaining worker holds. Per
+//! Layout: one map `BlockHash → set handle`, the sets (bitsets over *slots*, dense indices the
+//! index gives its workers) side by side in one arena, so a lookup walks the query once,
+//! intersecting the set of workers that still match with each block's set and stopping at the
+//! first block no remaining worker holds. The walk probes the map a few blocks ahead (1, 2, 4,
+//! then 8 at a time) so the probes' cache misses overlap instead of queueing one behind the other. Per
 //! worker, a map of the hashes it holds (with an insertion stamp) and a FIFO of stamps for the
 //! memory cap.
 //!
@@ -25,7 +27,7 @@ use std::collections::{HashMap, VecDeque};
 use smallvec::SmallVec;
 
 use crate::{BlockHash, Gap, KvEvent, KvEventRecord, WorkerId};
-use worker_set::{MixBuild, WorkerSet};
+use worker_set::{MixBuild, SetArena, WorkerSet};
 
 /// Default cap on (worker, hash) entries: 16 M (≈ 1 GiB worst case).
 pub const DEFAULT_MAX_ENTRIES: usize = 1 << 24;
@@ -109,7 +111,9 @@ impl Matches {
 /// The router's prefix index. See the module docs for the sequencing and memory rules.
 #[derive(Debug)]
 pub struct PrefixIndex {
-    blocks: HashMap<BlockHash, WorkerSet, MixBuild>,
+    /// Hash → handle of its worker set in `sets`.
+    blocks: HashMap<BlockHash, u32, MixBuild>,
+    sets: SetArena,
     slot_of: HashMap<WorkerId, usize>,
     slots: Vec<Option<WorkerState>>,
     free_slots: Vec<usize>,
@@ -130,6 +134,7 @@ impl PrefixIndex {
     pub fn new(max_entries: usize) -> Self {
         Self {
             blocks: HashMap::default(),
+            sets: SetArena::default(),
             slot_of: HashMap::new(),
             slots: Vec::new(),
             free_slots: Vec::new(),
@@ -216,29 +221,42 @@ impl PrefixIndex {
 
     /// For each known worker, how many leading blocks of `query` it holds.
     pub fn find_matches(&self, query: &[BlockHash]) -> Matches {
-        let words = self.live.num_words();
-        let mut active: SmallVec<[u64; 2]> = (0..words).map(|i| self.live.word(i)).collect();
-        let mut matched: SmallVec<[usize; 64]> = SmallVec::from_elem(0, self.slots.len());
-        let mut depth = 0;
-        'walk: for h in query {
-            let Some(set) = self.blocks.get(h) else {
-                break;
-            };
-            let mut any = 0;
-            for (i, a) in active.iter_mut().enumerate() {
-                let keep = *a & set.word(i);
-                let mut lost = *a & !keep;
-                while lost != 0 {
-                    matched[i * 64 + lost.trailing_zeros() as usize] = depth;
-                    lost &= lost - 1;
+        const MAX_AHEAD: usize = 8;
+        let words = self.sets.words();
+        let mut active: SmallVec<[u64; 8]> = (0..words).map(|i| self.live.word(i)).collect();
+        let mut matched: SmallVec<[u32; 64]> = SmallVec::from_elem(0, self.slots.len());
+        let mut depth = 0u32;
+        let mut ahead = 1;
+        let mut at = 0;
+        'walk: while at < query.len() {
+            let n = ahead.min(query.len() - at);
+            let mut handles = [u32::MAX; MAX_AHEAD];
+            for (j, h) in query[at..at + n].iter().enumerate() {
+                handles[j] = self.blocks.get(h).copied().unwrap_or(u32::MAX);
+            }
+            for &handle in &handles[..n] {
+                if handle == u32::MAX {
+                    break 'walk;
                 }
-                *a = keep;
-                any |= keep;
+                let set = self.sets.set(handle);
+                let mut any = 0;
+                for (i, (a, &s)) in active.iter_mut().zip(set).enumerate() {
+                    let keep = *a & s;
+                    let mut lost = *a & !keep;
+                    while lost != 0 {
+                        matched[i * 64 + lost.trailing_zeros() as usize] = depth;
+                        lost &= lost - 1;
+                    }
+                    *a = keep;
+                    any |= keep;
+                }
+                if any == 0 {
+                    break 'walk;
+                }
+                depth += 1;
             }
-            if any == 0 {
-                break 'walk;
-            }
-            depth += 1;
+            at += n;
+            ahead = (ahead * 2).min(MAX_AHEAD);
         }
         for (i, a) in active.iter().enumerate() {
             let mut rest = *a;
@@ -254,7 +272,7 @@ impl PrefixIndex {
             .filter_map(|(slot, s)| {
                 s.as_ref().map(|s| MatchEntry {
                     worker: s.id,
-                    matched_blocks: matched[slot],
+                    matched_blocks: matched[slot] as usize,
                     cached_blocks: s.held.len(),
                 })
             })
@@ -266,7 +284,11 @@ impl PrefixIndex {
     pub fn contains(&self, worker: WorkerId, hash: BlockHash) -> bool {
         self.slot_of
             .get(&worker)
-            .is_some_and(|&slot| self.blocks.get(&hash).is_some_and(|s| s.contains(slot)))
+            .is_some_and(|&slot| {
+                self.blocks
+                    .get(&hash)
+                    .is_some_and(|&i| self.sets.contains(i, slot))
+            })
     }
 
     /// Blocks `worker` holds (0 if unknown).
@@ -296,6 +318,35 @@ impl PrefixIndex {
         self.max_entries
     }
 
+    /// Whether any worker holds `hash`.
+    pub fn holds_any(&self, hash: BlockHash) -> bool {
+        self.blocks.contains_key(&hash)
+    }
+
+    /// Heap bytes the index holds, estimated from its tables' capacities (hash tables count one
+    /// control byte per bucket, as hashbrown does); `heap_bytes() / entries()` is the memory per
+    /// cached (worker, block) entry.
+    pub fn heap_bytes(&self) -> usize {
+        use std::mem::size_of;
+        let table = |cap: usize, item: usize| cap * (item + 1);
+        let blocks =
+            table(self.blocks.capacity(), size_of::<(BlockHash, u32)>()) + self.sets.heap_bytes();
+        let workers: usize = self
+            .slots
+            .iter()
+            .flatten()
+            .map(|s| {
+                table(s.held.capacity(), size_of::<(BlockHash, u64)>())
+                    + s.order.capacity() * size_of::<(u64, BlockHash)>()
+            })
+            .sum();
+        blocks
+            + workers
+            + table(self.slot_of.capacity(), size_of::<(WorkerId, usize)>())
+            + self.slots.capacity() * size_of::<Option<WorkerState>>()
+            + self.free_slots.capacity() * size_of::<usize>()
+    }
+
     fn slot(&mut self, worker: WorkerId) -> usize {
         if let Some(&slot) = self.slot_of.get(&worker) {
             return slot;
@@ -321,7 +372,9 @@ impl PrefixIndex {
         let stamp = state.next_stamp;
         state.next_stamp += 1;
         if state.held.insert(h, stamp).is_none() {
-            self.blocks.entry(h).or_default().insert(slot);
+            let sets = &mut self.sets;
+            let handle = *self.blocks.entry(h).or_insert_with(|| sets.alloc());
+            sets.insert(handle, slot);
             self.entries += 1;
         }
         state.order.push_back((stamp, h));
@@ -340,10 +393,10 @@ impl PrefixIndex {
 
     /// Clears `slot`'s bit in `h`'s set (dropping the set when empty) and counts the entry gone.
     fn unlink(&mut self, slot: usize, h: BlockHash) {
-        if let Some(set) = self.blocks.get_mut(&h) {
-            set.remove(slot);
-            if set.is_empty() {
+        if let Some(&handle) = self.blocks.get(&h) {
+            if self.sets.remove(handle, slot) {
                 self.blocks.remove(&h);
+                self.sets.release(handle);
             }
         }
         self.entries -= 1;

@@ -9,18 +9,24 @@
 //! ties), one per file below:
 //! - [`prefix_load`] (default): lowest `prefill_weight·uncached + queued_prefill_weight·
 //!   active_prefill + active_decode + new_decode` wins, ties by smaller cached tree, then at random;
-//! - [`round_robin`], [`least_load`], [`random`]: baselines that ignore the prefix cache.
+//! - [`round_robin`], [`least_load`], [`random`]: baselines that ignore the prefix cache;
+//! - [`sglang_cache_aware`], [`dynamo_cost`]: the placement of SGLang's router and of Dynamo's KV
+//!   router, re-implemented from their documented algorithms so `cleave bench route` can put
+//!   them side by side with `prefix-load` (docs/routing.md names the sources and parameters).
 //!
 //! Conditional disaggregation (shared by all policies, [`PlaceConfig::disagg_min_uncached_blocks`]):
 //! the decode worker prefills locally (`Placement::prefill == None`) when the prompt's uncached
 //! part on it is below the threshold, when no healthy worker can prefill, or when the chosen
 //! prefill worker is the decode worker itself.
 
+pub mod dynamo_cost;
 pub mod least_load;
 pub mod prefix_load;
+pub mod prefix_optimistic;
 pub mod random;
 pub mod rng;
 pub mod round_robin;
+pub mod sglang_cache_aware;
 pub mod view;
 
 #[cfg(test)]
@@ -91,6 +97,10 @@ pub struct PlaceConfig {
     pub disagg_min_uncached_blocks: usize,
     /// Seed of the tie-breaking / random RNG.
     pub seed: u64,
+    /// Parameters of the `sglang-cache-aware` policy.
+    pub sglang: sglang_cache_aware::SglangConfig,
+    /// Parameters of the `dynamo-cost` policy.
+    pub dynamo: dynamo_cost::DynamoConfig,
 }
 
 impl Default for PlaceConfig {
@@ -100,6 +110,8 @@ impl Default for PlaceConfig {
             queued_prefill_weight: 1.0,
             disagg_min_uncached_blocks: 32,
             seed: 0x5eed,
+            sglang: sglang_cache_aware::SglangConfig::default(),
+            dynamo: dynamo_cost::DynamoConfig::default(),
         }
     }
 }
@@ -141,15 +153,24 @@ pub enum PolicyKind {
     LeastLoad,
     /// A uniformly random healthy worker (seeded).
     Random,
+    /// SGLang router's cache-aware policy (an anchor for comparison).
+    SglangCacheAware,
+    /// Dynamo KV router's cost function (an anchor for comparison).
+    DynamoCost,
+    /// `prefix-load` over matches that include the router's in-flight placements.
+    PrefixOptimistic,
 }
 
 impl PolicyKind {
     /// Every policy, default first.
-    pub const ALL: [PolicyKind; 4] = [
+    pub const ALL: [PolicyKind; 7] = [
         PolicyKind::PrefixLoad,
         PolicyKind::RoundRobin,
         PolicyKind::LeastLoad,
         PolicyKind::Random,
+        PolicyKind::SglangCacheAware,
+        PolicyKind::DynamoCost,
+        PolicyKind::PrefixOptimistic,
     ];
 
     /// The kebab-case name.
@@ -159,6 +180,9 @@ impl PolicyKind {
             PolicyKind::RoundRobin => "round-robin",
             PolicyKind::LeastLoad => "least-load",
             PolicyKind::Random => "random",
+            PolicyKind::SglangCacheAware => "sglang-cache-aware",
+            PolicyKind::DynamoCost => "dynamo-cost",
+            PolicyKind::PrefixOptimistic => "prefix-optimistic",
         }
     }
 
@@ -169,7 +193,28 @@ impl PolicyKind {
             PolicyKind::RoundRobin => Box::new(round_robin::RoundRobin::new(config.clone())),
             PolicyKind::LeastLoad => Box::new(least_load::LeastLoad::new(config.clone())),
             PolicyKind::Random => Box::new(random::Random::new(config.clone())),
+            PolicyKind::SglangCacheAware => {
+                Box::new(sglang_cache_aware::SglangCacheAware::new(config.clone()))
+            }
+            PolicyKind::DynamoCost => Box::new(dynamo_cost::DynamoCost::new(config.clone())),
+            PolicyKind::PrefixOptimistic => {
+                Box::new(prefix_optimistic::PrefixOptimistic::new(config.clone()))
+            }
         }
+    }
+
+    /// Where the policy's prefix matches come from when it runs as its anchor does: `true` for
+    /// `sglang-cache-aware`, whose router matches against a tree of the requests *it routed*
+    /// (no KV events); `false`: the KV-event-fed [`cleave_kv_index::PrefixIndex`]. The simulator
+    /// follows this; the live router always passes the KV-event index's matches.
+    pub fn matches_routed_requests(self) -> bool {
+        matches!(self, PolicyKind::SglangCacheAware)
+    }
+
+    /// Whether the policy expects its matches to include the router's placements whose prefill
+    /// is not done yet (on top of the KV-event index): `prefix-optimistic`.
+    pub fn matches_in_flight(self) -> bool {
+        matches!(self, PolicyKind::PrefixOptimistic)
     }
 }
 

@@ -268,3 +268,85 @@ fn policy_kind_names_are_kebab_case() {
         );
     }
 }
+
+fn load(v: &mut WorkerView, w: u64, prefill: u64, decode: u64, queue: u64) {
+    v.report(
+        WorkerId(w),
+        Load {
+            prefill_blocks: prefill,
+            decode_blocks: decode,
+            queue_depth: queue,
+        },
+    );
+}
+
+#[test]
+fn sglang_follows_the_cache_above_the_threshold_only() {
+    let p = PolicyKind::SglangCacheAware.build(&local_only());
+    let mut v = view(3);
+    load(&mut v, 0, 0, 0, 5);
+    load(&mut v, 1, 0, 0, 9);
+    load(&mut v, 2, 0, 0, 1);
+    // 4/10 > 0.3: the longest match wins although its queue is the longest.
+    assert_eq!(
+        p.place(&req(10, &[2, 4, 0]), &v).unwrap().decode,
+        WorkerId(1)
+    );
+    // 3/10 is not above 0.3: the shortest queue.
+    assert_eq!(
+        p.place(&req(10, &[2, 3, 0]), &v).unwrap().decode,
+        WorkerId(2)
+    );
+}
+
+#[test]
+fn sglang_balances_only_when_both_thresholds_are_exceeded() {
+    let sg = sglang_cache_aware::SglangConfig::default();
+    use sglang_cache_aware::SglangCacheAware as S;
+    assert!(!S::imbalanced(&sg, 64, 0), "difference 64 is not above 64");
+    assert!(S::imbalanced(&sg, 65, 0));
+    assert!(
+        !S::imbalanced(&sg, 200, 134),
+        "200 ≤ 1.5·134: balanced though far apart"
+    );
+    assert!(S::imbalanced(&sg, 200, 133));
+    let p = PolicyKind::SglangCacheAware.build(&local_only());
+    let mut v = view(2);
+    load(&mut v, 0, 0, 0, 100);
+    load(&mut v, 1, 0, 0, 10);
+    // Imbalanced: the full match on worker 0 is ignored.
+    assert_eq!(p.place(&req(10, &[10, 0]), &v).unwrap().decode, WorkerId(1));
+    load(&mut v, 0, 0, 0, 70);
+    assert_eq!(p.place(&req(10, &[10, 0]), &v).unwrap().decode, WorkerId(0));
+}
+
+#[test]
+fn dynamo_cost_is_weighted_prefill_plus_decode_blocks() {
+    let p = PolicyKind::DynamoCost.build(&local_only());
+    let mut v = view(3);
+    // costs: w0 = 1·(0 + 10) + 0 = 10; w1 = 1·(4 + 2) + 3 = 9; w2 = 1·(0 + 10) + 0 = 10.
+    load(&mut v, 1, 4, 3, 1);
+    assert_eq!(
+        p.place(&req(10, &[0, 8, 0]), &v).unwrap().decode,
+        WorkerId(1)
+    );
+    // Two more decode blocks on w1 make it 11 > 10: an idle worker wins, either of them.
+    load(&mut v, 1, 4, 5, 1);
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..50 {
+        seen.insert(p.place(&req(10, &[0, 8, 0]), &v).unwrap().decode);
+    }
+    assert_eq!(
+        seen,
+        [WorkerId(0), WorkerId(2)].into_iter().collect(),
+        "ties at random, never by list order"
+    );
+    // A larger overlap weight makes the cached worker worth its load again.
+    let mut config = local_only();
+    config.dynamo.overlap_score_weight = 2.0;
+    let p = PolicyKind::DynamoCost.build(&config);
+    assert_eq!(
+        p.place(&req(10, &[0, 8, 0]), &v).unwrap().decode,
+        WorkerId(1)
+    );
+}

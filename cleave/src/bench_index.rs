@@ -1,0 +1,277 @@
+//! `cleave bench index`: the prefix index's speed per core, replaying a trace as KV events and
+//! lookups (issue 17's comparison with Dynamo's published 170 M ops/s on 24 cores ≈ 7 M ops/s
+//! per core).
+//!
+//! The Mooncake trace's 512-token blocks are expanded into `--sub-blocks` engine blocks each (32
+//! = 16-token blocks, so the average prompt is ~960 blocks). Each request goes to a worker by its
+//! first block (multi-turn sessions share it, so caches see reuse), whose simulated LRU cache
+//! ([`cleave_router::sim::cache::LruCache`]) serves the prompt and logs `Removed` / `Stored`
+//! events. The op stream is one lookup per request (before its events) followed by its events;
+//! it is recorded first, then replayed into a fresh [`PrefixIndex`] on this thread, timed. One
+//! op = one lookup or one event message; blocks/s counts the hashes those ops touch. Lookup
+//! latencies come from a second replay that times each lookup alone. Baseline in the same run:
+//! the same lookups as bare hash-map probes (one per block, no worker sets) — the floor of any
+//! hash-per-block index.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::Args;
+use cleave_kv_index::{BlockHash, KvEvent, KvEventRecord, PrefixIndex, WorkerId};
+use cleave_router::sim::{self, cache::LruCache};
+
+/// Options of `cleave bench index`.
+#[derive(Debug, Clone, Args)]
+pub struct IndexArgs {
+    /// Mooncake-format trace. Default: the shared synthetic trace, relative to the repository root.
+    #[arg(
+        long,
+        default_value = "../shared/traces/mooncake_synthetic_trace.jsonl"
+    )]
+    pub trace: PathBuf,
+    /// Worker counts.
+    #[arg(long, value_delimiter = ',', default_value = "64,512")]
+    pub workers: Vec<usize>,
+    /// Engine blocks per trace block (512-token trace blocks / 16-token engine blocks).
+    #[arg(long, default_value_t = 32)]
+    pub sub_blocks: u64,
+    /// Each worker caches unique blocks / workers / this (at least the longest prompt).
+    #[arg(long, default_value_t = 4)]
+    pub capacity_divisor: usize,
+    /// Timed replays per worker count (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub passes: usize,
+    /// Print one JSON object per worker count instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Mix(u64);
+
+impl Hasher for Mix {
+    fn finish(&self) -> u64 {
+        let y = self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        y ^ (y >> 29)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 ^= x;
+    }
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+enum Op {
+    Lookup(usize),
+    Event(WorkerId, KvEventRecord),
+}
+
+/// The recorded replay of one worker count.
+struct Replay {
+    queries: Vec<Vec<BlockHash>>,
+    ops: Vec<Op>,
+    events: usize,
+    blocks_touched: usize,
+    capacity: usize,
+}
+
+fn record(trace: &[sim::TraceRequest], workers: usize, sub: u64, divisor: usize) -> Replay {
+    let queries: Vec<Vec<BlockHash>> = trace
+        .iter()
+        .map(|r| {
+            r.hash_ids
+                .iter()
+                .flat_map(|&h| (0..sub).map(move |j| BlockHash(splitmix(h.wrapping_mul(sub) + j))))
+                .collect()
+        })
+        .collect();
+    let mut unique: Vec<BlockHash> = queries.iter().flatten().copied().collect();
+    unique.sort_unstable_by_key(|h| h.0);
+    unique.dedup();
+    let longest = queries.iter().map(Vec::len).max().unwrap_or(1);
+    let capacity = (unique.len() / workers.max(1) / divisor.max(1)).max(longest);
+    let mut caches: Vec<LruCache> = (0..workers).map(|_| LruCache::new(capacity)).collect();
+    let (mut ops, mut events, mut blocks) = (Vec::new(), 0, 0);
+    for (i, (r, q)) in trace.iter().zip(&queries).enumerate() {
+        let w = (splitmix(r.hash_ids.first().copied().unwrap_or(i as u64)) % workers as u64) as usize;
+        ops.push(Op::Lookup(i));
+        blocks += q.len();
+        caches[w].serve(q);
+        for ev in caches[w].drain_events() {
+            blocks += match &ev.event {
+                KvEvent::Stored { blocks, .. } => blocks.len(),
+                KvEvent::Removed { hashes } => hashes.len(),
+                KvEvent::Cleared => 0,
+            };
+            events += 1;
+            ops.push(Op::Event(WorkerId(w as u64), ev));
+        }
+    }
+    Replay {
+        queries,
+        ops,
+        events,
+        blocks_touched: blocks,
+        capacity,
+    }
+}
+
+/// Replays `r` into a fresh index; with `time_lookups`, the latency of each lookup in ns.
+fn replay(r: &Replay, workers: usize, time_lookups: bool) -> (f64, Vec<u64>, PrefixIndex) {
+    let mut idx = PrefixIndex::default();
+    for w in 0..workers {
+        idx.add_worker(WorkerId(w as u64));
+    }
+    let mut lat = Vec::with_capacity(if time_lookups { r.queries.len() } else { 0 });
+    let start = Instant::now();
+    for op in &r.ops {
+        match op {
+            Op::Lookup(i) => {
+                if time_lookups {
+                    let t = Instant::now();
+                    black_box(idx.find_matches(black_box(&r.queries[*i])));
+                    lat.push(t.elapsed().as_nanos() as u64);
+                } else {
+                    black_box(idx.find_matches(black_box(&r.queries[*i])));
+                }
+            }
+            Op::Event(w, ev) => idx
+                .apply(*w, ev)
+                .expect("recorded events are in order per worker"),
+        }
+    }
+    (start.elapsed().as_secs_f64(), lat, idx)
+}
+
+/// The same lookups as bare probes into a map of every block the index held at the end.
+fn baseline(r: &Replay, idx: &PrefixIndex) -> f64 {
+    let mut map: HashMap<BlockHash, u64, BuildHasherDefault<Mix>> = HashMap::default();
+    for q in &r.queries {
+        for h in q {
+            if idx.holds_any(*h) {
+                map.insert(*h, h.0);
+            }
+        }
+    }
+    let start = Instant::now();
+    for q in &r.queries {
+        let mut n = 0u64;
+        for h in q {
+            match map.get(h) {
+                Some(v) => n = n.wrapping_add(*v),
+                None => break,
+            }
+        }
+        black_box(n);
+    }
+    start.elapsed().as_secs_f64()
+}
+
+fn quantile(sorted: &[u64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1] as f64 / 1e3
+}
+
+/// Runs the benchmark and prints the table or JSON.
+pub fn bench_index(args: IndexArgs) -> anyhow::Result<()> {
+    let trace = sim::load_trace(&args.trace)?;
+    anyhow::ensure!(!trace.is_empty(), "the trace has no requests");
+    anyhow::ensure!(args.sub_blocks > 0, "--sub-blocks must be > 0");
+    anyhow::ensure!(args.passes > 0, "--passes must be > 0");
+    if !args.json {
+        println!(
+            "trace: {} requests, each 512-token block as {} engine blocks; one thread",
+            trace.len(),
+            args.sub_blocks
+        );
+        println!(
+            "{:>7} {:>9} {:>8} {:>9} {:>10} {:>10} {:>9} {:>9} {:>9} {:>11} {:>10}",
+            "workers",
+            "ops",
+            "events",
+            "avg_q",
+            "Mops/s",
+            "Mblocks/s",
+            "look_p50",
+            "look_p99",
+            "B/entry",
+            "entries",
+            "vs_probe"
+        );
+    }
+    for &workers in &args.workers {
+        anyhow::ensure!(workers > 0, "--workers must be > 0");
+        let r = record(&trace, workers, args.sub_blocks, args.capacity_divisor);
+        let mut times: Vec<f64> = Vec::with_capacity(args.passes);
+        let mut last = None;
+        for _ in 0..args.passes {
+            let (t, _, idx) = replay(&r, workers, false);
+            times.push(t);
+            last = Some(idx);
+        }
+        times.sort_by(f64::total_cmp);
+        let t = times[times.len() / 2];
+        let idx = last.expect("passes > 0");
+        let (_, mut lat, _) = replay(&r, workers, true);
+        lat.sort_unstable();
+        let probe = baseline(&r, &idx);
+        let lookup_total: f64 = lat.iter().sum::<u64>() as f64 / 1e9;
+        let ops = r.ops.len() as f64;
+        let mem = idx.heap_bytes() as f64 / idx.entries().max(1) as f64;
+        let avg_q = r.queries.iter().map(Vec::len).sum::<usize>() as f64 / r.queries.len() as f64;
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "workers": workers,
+                    "capacity_blocks": r.capacity,
+                    "ops": r.ops.len(),
+                    "events": r.events,
+                    "lookups": r.queries.len(),
+                    "ops_per_s": ops / t,
+                    "blocks_per_s": r.blocks_touched as f64 / t,
+                    "lookup_p50_us": quantile(&lat, 0.5),
+                    "lookup_p99_us": quantile(&lat, 0.99),
+                    "bytes_per_entry": mem,
+                    "entries": idx.entries(),
+                    "lookup_vs_bare_probe": lookup_total / probe,
+                })
+            );
+        } else {
+            println!(
+                "{:>7} {:>9} {:>8} {:>9.0} {:>10.2} {:>10.1} {:>8.2}µ {:>8.2}µ {:>9.1} {:>11} {:>9.2}x",
+                workers,
+                r.ops.len(),
+                r.events,
+                avg_q,
+                ops / t / 1e6,
+                r.blocks_touched as f64 / t / 1e6,
+                quantile(&lat, 0.5),
+                quantile(&lat, 0.99),
+                mem,
+                idx.entries(),
+                lookup_total / probe
+            );
+        }
+    }
+    if !args.json {
+        println!("ops = lookups + event messages; B/entry = index heap bytes per (worker, block) entry; vs_probe = all lookups' time / the same walks as bare hash-map probes");
+    }
+    Ok(())
+}
