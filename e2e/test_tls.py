@@ -1,0 +1,139 @@
+"""HTTPS through `cleave up --tls-cert/--tls-key` with the official `openai` client trusting a
+CA made for the test (trustme), and mutual TLS with `--tls-client-ca`: plain HTTP to the TLS port
+and clients that do not trust the CA are refused; with mTLS a client without a certificate is
+refused and one with a certificate from the client CA is served."""
+
+import signal
+import subprocess
+import time
+
+import httpx
+import openai
+import pytest
+import trustme
+
+from conftest import free_port
+
+PROMPT = [{"role": "user", "content": "Name a colour."}]
+
+
+def start_up(cleave_bin, port, extra):
+    proc = subprocess.Popen(
+        [cleave_bin, "up", "--prefill", "0", "--decode", "1", "--port", str(port)] + extra,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            raise RuntimeError(f"cleave up exited with {proc.returncode}")
+        if "cleave is up" in line:
+            assert f"https://127.0.0.1:{port}/v1" in line, line
+            return proc
+    proc.kill()
+    raise RuntimeError("cleave up did not come up in time")
+
+
+def stop(proc):
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+
+
+def chat_when_ready(client):
+    # `cleave up` does not probe readiness over HTTPS: retry the 503 the router answers until it
+    # has seen its decode worker, as a client would.
+    name = client.models.list().data[0].id
+    deadline = time.time() + 120
+    while True:
+        try:
+            return client.chat.completions.create(
+                model=name, messages=PROMPT, max_tokens=8, temperature=0
+            )
+        except openai.InternalServerError as e:
+            if e.status_code != 503 or time.time() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pki")
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    files = {
+        "ca": d / "ca.pem",
+        "cert": d / "server.pem",
+        "key": d / "server.key",
+        "client_ca_file": d / "client-ca.pem",
+        "client_cert": d / "client.pem",
+    }
+    ca.cert_pem.write_to_path(str(files["ca"]))
+    server.private_key_pem.write_to_path(str(files["key"]))
+    with open(files["cert"], "wb") as f:
+        for blob in server.cert_chain_pems:
+            f.write(blob.bytes())
+    client_ca = trustme.CA()
+    client_ca.cert_pem.write_to_path(str(files["client_ca_file"]))
+    client = client_ca.issue_cert("client@example.test")
+    client.private_key_and_cert_chain_pem.write_to_path(str(files["client_cert"]))
+    return {k: str(v) for k, v in files.items()}
+
+
+def test_https_with_the_openai_client_and_refusals(cleave_bin, pki):
+    port = free_port()
+    proc = start_up(cleave_bin, port, ["--tls-cert", pki["cert"], "--tls-key", pki["key"]])
+    try:
+        base = f"https://127.0.0.1:{port}/v1"
+        with httpx.Client(verify=pki["ca"]) as http:
+            client = openai.OpenAI(base_url=base, api_key="unused", http_client=http, max_retries=0)
+            out = chat_when_ready(client)
+            assert out.choices[0].message.content
+            assert out.usage.completion_tokens > 0
+            # HTTP/2 is offered by ALPN; the client above may speak either. A plain-HTTP request
+            # to the TLS port gets no HTTP answer.
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=10)
+        # A client that does not trust the test CA refuses the certificate.
+        with httpx.Client() as untrusting:
+            c = openai.OpenAI(base_url=base, api_key="unused", http_client=untrusting, max_retries=0)
+            with pytest.raises(openai.APIConnectionError):
+                c.models.list()
+        # The certificate names 127.0.0.1 and localhost, nothing else.
+        with httpx.Client(verify=pki["ca"]) as http:
+            r = http.get(f"https://localhost:{port}/health", timeout=10)
+            assert r.status_code == 200
+    finally:
+        stop(proc)
+
+
+def test_mutual_tls_requires_a_client_certificate(cleave_bin, pki):
+    port = free_port()
+    proc = start_up(
+        cleave_bin,
+        port,
+        [
+            "--tls-cert",
+            pki["cert"],
+            "--tls-key",
+            pki["key"],
+            "--tls-client-ca",
+            pki["client_ca_file"],
+        ],
+    )
+    try:
+        base = f"https://127.0.0.1:{port}/v1"
+        with httpx.Client(verify=pki["ca"]) as anonymous:
+            c = openai.OpenAI(base_url=base, api_key="unused", http_client=anonymous, max_retries=0)
+            with pytest.raises(openai.APIConnectionError):
+                c.models.list()
+        with httpx.Client(verify=pki["ca"], cert=pki["client_cert"]) as http:
+            client = openai.OpenAI(base_url=base, api_key="unused", http_client=http, max_retries=0)
+            out = chat_when_ready(client)
+            assert out.choices[0].message.content
+    finally:
+        stop(proc)
