@@ -127,6 +127,7 @@ impl Holders {
     }
 
     /// Whether the holders live in an arena bitset.
+    #[cfg(test)]
     pub(crate) fn spilled(&self) -> bool {
         matches!(self, Holders::Many { .. })
     }
@@ -180,7 +181,7 @@ impl Default for SetArena {
 
 impl SetArena {
     /// Words per set.
-    #[inline]
+    #[cfg(test)]
     pub(crate) fn words(&self) -> usize {
         self.words
     }
