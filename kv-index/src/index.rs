@@ -335,7 +335,12 @@ impl PrefixIndex {
                 let mut left = 0;
                 match *holders {
                     Holders::Many { set, .. } => {
-                        for (i, (a, &s)) in words.iter_mut().zip(self.sets.set(set)).enumerate() {
+                        let set = self.sets.set(set);
+                        // The common case on a long match: every active worker holds the block.
+                        if words.iter().zip(set).all(|(a, s)| a & !s == 0) {
+                            return true;
+                        }
+                        for (i, (a, &s)) in words.iter_mut().zip(set).enumerate() {
                             let keep = *a & s;
                             let mut lost = *a & !keep;
                             while lost != 0 {
