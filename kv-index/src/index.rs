@@ -1,12 +1,17 @@
 //! [`PrefixIndex`]: which block hashes each worker holds, and the longest cached prefix per worker.
 //!
-//! Layout: one map `BlockHash → set handle`, the sets (bitsets over *slots*, dense indices the
-//! index gives its workers) side by side in one arena, so a lookup walks the query once,
-//! intersecting the set of workers that still match with each block's set and stopping at the
-//! first block no remaining worker holds. The walk probes the map a few blocks ahead (1, 2, 4,
-//! then 8 at a time) so the probes' cache misses overlap instead of queueing one behind the other. Per
-//! worker, a map of the hashes it holds (with an insertion stamp) and a FIFO of stamps for the
-//! memory cap.
+//! Layout. Block hashes are chained (each identifies its whole prefix), so the index needs no
+//! tree: one flat map `BlockHash → Holders` keyed with a one-multiply hasher. A block's holders are
+//! worker *slots* (dense numbers the index gives its workers), kept in the map's bucket as a list
+//! of up to six, spilling to a bitset over all slots (8 words at 512 workers) in a shared arena
+//! when more workers hold the block. A lookup walks the query's hashes once, keeping the set of
+//! workers still matching (seeded from the first block's holders, then intersected with each
+//! block's), records each worker's match length when it drops out, and stops at the first block
+//! no remaining worker holds. It probes the map a few blocks ahead (2, 4, …, 16 at a time) so
+//! the probes' cache misses overlap. The result is written in worker order into a buffer the
+//! caller may reuse ([`PrefixIndex::find_matches_into`]), from slot order kept sorted by worker
+//! when workers come and go, so a lookup neither sorts nor allocates. Per worker, a map of the
+//! hashes it holds (with an insertion stamp) and a FIFO of stamps for the memory cap.
 //!
 //! Event sequence: the first event of a newly seen worker must have id 0 (the start of its
 //! stream); after that every id must be the previous one + 1. Otherwise [`PrefixIndex::apply`]
@@ -27,10 +32,13 @@ use std::collections::{HashMap, VecDeque};
 use smallvec::SmallVec;
 
 use crate::{BlockHash, Gap, KvEvent, KvEventRecord, WorkerId};
-use worker_set::{MixBuild, SetArena, WorkerSet};
+use worker_set::{Holders, MixBuild, SetArena, INLINE};
 
 /// Default cap on (worker, hash) entries: 16 M (≈ 1 GiB worst case).
 pub const DEFAULT_MAX_ENTRIES: usize = 1 << 24;
+
+/// Most map probes a lookup issues before using their results.
+const MAX_AHEAD: usize = 16;
 
 /// What one worker has in the index.
 #[derive(Debug)]
@@ -108,17 +116,38 @@ impl Matches {
     }
 }
 
-/// The router's prefix index. See the module docs for the sequencing and memory rules.
+/// A worker's slot as lookups read it: dense, so building a result touches one array.
+#[derive(Clone, Copy, Debug)]
+struct SlotInfo {
+    id: WorkerId,
+    /// Blocks the worker holds.
+    held: usize,
+    /// Index of the slot in `by_worker` (its entry's place in a result).
+    rank: u32,
+}
+
+/// The set of workers still matching during a lookup.
+enum Active {
+    /// At most [`INLINE`] slots.
+    List(SmallVec<[u32; INLINE]>),
+    /// Bitset over slots (the arena's width).
+    Bits(SmallVec<[u64; 8]>),
+}
+
+/// The router's prefix index. See the module docs for the layout, sequencing and memory rules.
 #[derive(Debug)]
 pub struct PrefixIndex {
-    /// Hash → handle of its worker set in `sets`.
-    blocks: HashMap<BlockHash, u32, MixBuild>,
+    /// Hash → the slots holding it.
+    blocks: HashMap<BlockHash, Holders, MixBuild>,
+    /// Bitsets of blocks held by more than [`INLINE`] workers.
     sets: SetArena,
-    slot_of: HashMap<WorkerId, usize>,
+    slot_of: HashMap<WorkerId, usize, MixBuild>,
     slots: Vec<Option<WorkerState>>,
+    /// Per slot (free slots keep a stale entry, outside `by_worker`).
+    info: Vec<SlotInfo>,
+    /// Live slots sorted by worker id.
+    by_worker: Vec<u32>,
     free_slots: Vec<usize>,
-    /// Bits of occupied slots.
-    live: WorkerSet,
     entries: usize,
     max_entries: usize,
 }
@@ -135,10 +164,11 @@ impl PrefixIndex {
         Self {
             blocks: HashMap::default(),
             sets: SetArena::default(),
-            slot_of: HashMap::new(),
+            slot_of: HashMap::default(),
             slots: Vec::new(),
+            info: Vec::new(),
+            by_worker: Vec::new(),
             free_slots: Vec::new(),
-            live: WorkerSet::default(),
             entries: 0,
             max_entries: max_entries.max(1),
         }
@@ -215,87 +245,150 @@ impl PrefixIndex {
         };
         self.clear_slot(slot);
         self.slots[slot] = None;
-        self.live.remove(slot);
+        let rank = self.info[slot].rank as usize;
+        self.by_worker.remove(rank);
+        self.rerank(rank);
         self.free_slots.push(slot);
     }
 
     /// For each known worker, how many leading blocks of `query` it holds.
     pub fn find_matches(&self, query: &[BlockHash]) -> Matches {
-        const MAX_AHEAD: usize = 8;
-        let words = self.sets.words();
-        let mut active: SmallVec<[u64; 8]> = (0..words).map(|i| self.live.word(i)).collect();
-        let mut matched: SmallVec<[u32; 64]> = SmallVec::from_elem(0, self.slots.len());
-        let mut depth = 0u32;
-        let mut ahead = 1;
-        let mut at = 0;
-        'walk: while at < query.len() {
-            let n = ahead.min(query.len() - at);
-            let mut handles = [u32::MAX; MAX_AHEAD];
-            for (j, h) in query[at..at + n].iter().enumerate() {
-                handles[j] = self.blocks.get(h).copied().unwrap_or(u32::MAX);
+        let mut out = Matches::default();
+        self.find_matches_into(query, &mut out);
+        out
+    }
+
+    /// [`Self::find_matches`] into `out`, reusing its buffer (a caller doing many lookups
+    /// allocates nothing).
+    pub fn find_matches_into(&self, query: &[BlockHash], out: &mut Matches) {
+        let entries = &mut out.entries;
+        entries.clear();
+        entries.extend(self.by_worker.iter().map(|&slot| {
+            let s = &self.info[slot as usize];
+            MatchEntry {
+                worker: s.id,
+                matched_blocks: 0,
+                cached_blocks: s.held,
             }
-            for &handle in &handles[..n] {
-                if handle == u32::MAX {
+        }));
+        let Some(first) = query.first().and_then(|h| self.blocks.get(h)) else {
+            return;
+        };
+        let mut active = match *first {
+            Holders::Few { n, slots } => {
+                Active::List(slots[..n as usize].iter().map(|&s| u32::from(s)).collect())
+            }
+            Holders::Many { set, .. } => Active::Bits(self.sets.set(set).iter().copied().collect()),
+        };
+        let info = &self.info;
+        let mut drop_out = |slot: usize, depth: usize| {
+            entries[info[slot].rank as usize].matched_blocks = depth;
+        };
+        // Blocks `..depth` are held by every active worker.
+        let mut depth = 1;
+        let mut ahead = 2;
+        let mut probes = [None::<Holders>; MAX_AHEAD];
+        'walk: while depth < query.len() {
+            let n = ahead.min(query.len() - depth);
+            for (p, h) in probes.iter_mut().zip(&query[depth..depth + n]) {
+                *p = self.blocks.get(h).copied();
+            }
+            for p in &probes[..n] {
+                let Some(holders) = p else {
                     break 'walk;
-                }
-                let set = self.sets.set(handle);
-                let mut any = 0;
-                for (i, (a, &s)) in active.iter_mut().zip(set).enumerate() {
-                    let keep = *a & s;
-                    let mut lost = *a & !keep;
-                    while lost != 0 {
-                        matched[i * 64 + lost.trailing_zeros() as usize] = depth;
-                        lost &= lost - 1;
-                    }
-                    *a = keep;
-                    any |= keep;
-                }
-                if any == 0 {
-                    break 'walk;
+                };
+                if !self.narrow(&mut active, holders, depth, &mut drop_out) {
+                    return;
                 }
                 depth += 1;
             }
-            at += n;
             ahead = (ahead * 2).min(MAX_AHEAD);
         }
-        for (i, a) in active.iter().enumerate() {
-            let mut rest = *a;
-            while rest != 0 {
-                matched[i * 64 + rest.trailing_zeros() as usize] = depth;
-                rest &= rest - 1;
+        match active {
+            Active::List(list) => list.iter().for_each(|&s| drop_out(s as usize, depth)),
+            Active::Bits(words) => for_each_bit(&words, |s| drop_out(s, depth)),
+        }
+    }
+
+    /// Keeps in `active` the workers that hold the block at `depth` (its `holders`), reporting
+    /// the others as matching `depth` blocks; returns whether any worker is left.
+    #[inline]
+    fn narrow(
+        &self,
+        active: &mut Active,
+        holders: &Holders,
+        depth: usize,
+        drop_out: &mut impl FnMut(usize, usize),
+    ) -> bool {
+        match active {
+            Active::List(list) => {
+                list.retain(|s| {
+                    let keep = holders.contains(&self.sets, *s as usize);
+                    if !keep {
+                        drop_out(*s as usize, depth);
+                    }
+                    keep
+                });
+                !list.is_empty()
+            }
+            Active::Bits(words) => {
+                let mut left = 0;
+                match *holders {
+                    Holders::Many { set, .. } => {
+                        let set = self.sets.set(set);
+                        // The common case on a long match: every active worker holds the block.
+                        if words.iter().zip(set).all(|(a, s)| a & !s == 0) {
+                            return true;
+                        }
+                        for (i, (a, &s)) in words.iter_mut().zip(set).enumerate() {
+                            let keep = *a & s;
+                            let mut lost = *a & !keep;
+                            while lost != 0 {
+                                drop_out(i * 64 + lost.trailing_zeros() as usize, depth);
+                                lost &= lost - 1;
+                            }
+                            *a = keep;
+                            left += keep.count_ones() as usize;
+                        }
+                        // Words past the arena's width (it only grows) are already zero.
+                    }
+                    Holders::Few { n, slots } => {
+                        let mut keep: SmallVec<[u32; INLINE]> = SmallVec::new();
+                        for &s in &slots[..n as usize] {
+                            let (w, b) = (s as usize / 64, s % 64);
+                            if words.get(w).is_some_and(|x| x & (1 << b) != 0) {
+                                words[w] &= !(1 << b);
+                                keep.push(u32::from(s));
+                            }
+                        }
+                        for_each_bit(words, |b| drop_out(b, depth));
+                        left = keep.len();
+                        *active = Active::List(keep);
+                        return left > 0;
+                    }
+                }
+                if left <= INLINE {
+                    let mut list = SmallVec::new();
+                    for_each_bit(words, |b| list.push(b as u32));
+                    *active = Active::List(list);
+                }
+                left > 0
             }
         }
-        let entries = self
-            .slots
-            .iter()
-            .enumerate()
-            .filter_map(|(slot, s)| {
-                s.as_ref().map(|s| MatchEntry {
-                    worker: s.id,
-                    matched_blocks: matched[slot] as usize,
-                    cached_blocks: s.held.len(),
-                })
-            })
-            .collect();
-        Matches::from_entries(entries)
     }
 
     /// Whether `worker` holds `hash`.
     pub fn contains(&self, worker: WorkerId, hash: BlockHash) -> bool {
-        self.slot_of
-            .get(&worker)
-            .is_some_and(|&slot| {
-                self.blocks
-                    .get(&hash)
-                    .is_some_and(|&i| self.sets.contains(i, slot))
-            })
+        self.slot_of.get(&worker).is_some_and(|&slot| {
+            self.blocks
+                .get(&hash)
+                .is_some_and(|h| h.contains(&self.sets, slot))
+        })
     }
 
     /// Blocks `worker` holds (0 if unknown).
     pub fn worker_blocks(&self, worker: WorkerId) -> usize {
-        self.slot_of
-            .get(&worker)
-            .map_or(0, |&s| self.slots[s].as_ref().map_or(0, |s| s.held.len()))
+        self.slot_of.get(&worker).map_or(0, |&s| self.info[s].held)
     }
 
     /// Known workers, in slot order.
@@ -329,8 +422,8 @@ impl PrefixIndex {
     pub fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
         let table = |cap: usize, item: usize| cap * (item + 1);
-        let blocks =
-            table(self.blocks.capacity(), size_of::<(BlockHash, u32)>()) + self.sets.heap_bytes();
+        let blocks = table(self.blocks.capacity(), size_of::<(BlockHash, Holders)>())
+            + self.sets.heap_bytes();
         let workers: usize = self
             .slots
             .iter()
@@ -344,6 +437,8 @@ impl PrefixIndex {
             + workers
             + table(self.slot_of.capacity(), size_of::<(WorkerId, usize)>())
             + self.slots.capacity() * size_of::<Option<WorkerState>>()
+            + self.info.capacity() * size_of::<SlotInfo>()
+            + self.by_worker.capacity() * size_of::<u32>()
             + self.free_slots.capacity() * size_of::<usize>()
     }
 
@@ -352,19 +447,39 @@ impl PrefixIndex {
             return slot;
         }
         let state = WorkerState::new(worker, Some(0));
+        let info = SlotInfo {
+            id: worker,
+            held: 0,
+            rank: 0,
+        };
         let slot = match self.free_slots.pop() {
             Some(slot) => {
                 self.slots[slot] = Some(state);
+                self.info[slot] = info;
                 slot
             }
             None => {
                 self.slots.push(Some(state));
+                self.info.push(info);
                 self.slots.len() - 1
             }
         };
         self.slot_of.insert(worker, slot);
-        self.live.insert(slot);
+        let rank = self
+            .by_worker
+            .partition_point(|&s| self.info[s as usize].id < worker);
+        self.by_worker
+            .insert(rank, u32::try_from(slot).expect("fewer than 2^32 workers"));
+        self.rerank(rank);
+        self.sets.fit(self.slots.len());
         slot
+    }
+
+    /// Renumbers the ranks of `by_worker[from..]`.
+    fn rerank(&mut self, from: usize) {
+        for (rank, &slot) in self.by_worker.iter().enumerate().skip(from) {
+            self.info[slot as usize].rank = rank as u32;
+        }
     }
 
     fn insert(&mut self, slot: usize, h: BlockHash) {
@@ -373,9 +488,16 @@ impl PrefixIndex {
         state.next_stamp += 1;
         if state.held.insert(h, stamp).is_none() {
             let sets = &mut self.sets;
-            let handle = *self.blocks.entry(h).or_insert_with(|| sets.alloc());
-            sets.insert(handle, slot);
+            match self.blocks.entry(h) {
+                std::collections::hash_map::Entry::Occupied(mut e) => {
+                    e.get_mut().insert(sets, slot);
+                }
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(Holders::one(sets, slot));
+                }
+            }
             self.entries += 1;
+            self.info[slot].held += 1;
         }
         state.order.push_back((stamp, h));
         if state.order.len() > 2 * state.held.len() + 64 {
@@ -391,15 +513,17 @@ impl PrefixIndex {
         }
     }
 
-    /// Clears `slot`'s bit in `h`'s set (dropping the set when empty) and counts the entry gone.
+    /// Removes `slot` from `h`'s holders (dropping the block when none is left) and counts the
+    /// entry gone.
     fn unlink(&mut self, slot: usize, h: BlockHash) {
-        if let Some(&handle) = self.blocks.get(&h) {
-            if self.sets.remove(handle, slot) {
+        if let Some(holders) = self.blocks.get_mut(&h) {
+            holders.remove(&mut self.sets, slot);
+            if holders.len() == 0 {
                 self.blocks.remove(&h);
-                self.sets.release(handle);
             }
         }
         self.entries -= 1;
+        self.info[slot].held -= 1;
     }
 
     fn clear_slot(&mut self, slot: usize) {
@@ -413,12 +537,14 @@ impl PrefixIndex {
 
     fn enforce_cap(&mut self) {
         while self.entries > self.max_entries {
-            let Some(slot) = (0..self.slots.len())
-                .filter(|&s| self.slots[s].is_some())
-                .max_by_key(|&s| self.slots[s].as_ref().map_or(0, |s| s.held.len()))
+            let Some(&slot) = self
+                .by_worker
+                .iter()
+                .max_by_key(|&&s| self.info[s as usize].held)
             else {
                 return;
             };
+            let slot = slot as usize;
             let state = self.slots[slot].as_mut().expect("live slot");
             let victim = loop {
                 match state.order.pop_front() {
@@ -434,6 +560,18 @@ impl PrefixIndex {
                 }
                 None => return,
             }
+        }
+    }
+}
+
+/// Calls `f` with the index of each set bit of `words`, in increasing order.
+#[inline]
+fn for_each_bit(words: &[u64], mut f: impl FnMut(usize)) {
+    for (w, &word) in words.iter().enumerate() {
+        let mut rest = word;
+        while rest != 0 {
+            f(w * 64 + rest.trailing_zeros() as usize);
+            rest &= rest - 1;
         }
     }
 }

@@ -275,3 +275,98 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn workers_beyond_the_inline_limit_match() {
+    // Slots ≥ 65,535 cannot sit in a block's inline list; their blocks spill at once.
+    let mut idx = PrefixIndex::default();
+    let n = 65_600u64;
+    for w in 0..n {
+        idx.add_worker(WorkerId(w));
+    }
+    idx.apply(WorkerId(n - 1), &stored(0, &[1, 2, 3])).unwrap();
+    idx.apply(WorkerId(0), &stored(0, &[1, 2])).unwrap();
+    let m = idx.find_matches(&[h(1), h(2), h(3), h(4)]);
+    assert_eq!(m.entries().len(), n as usize);
+    assert_eq!(m.matched(WorkerId(n - 1)), 3);
+    assert_eq!(m.matched(WorkerId(0)), 2);
+    assert_eq!(m.matched(WorkerId(1)), 0);
+    idx.apply(WorkerId(n - 1), &removed(1, &[2])).unwrap();
+    let m = idx.find_matches(&[h(1), h(2), h(3)]);
+    assert_eq!(m.matched(WorkerId(n - 1)), 1);
+    assert_eq!(m.matched(WorkerId(0)), 2);
+}
+
+#[test]
+fn results_come_in_worker_order_whatever_the_slot_order() {
+    let mut idx = PrefixIndex::default();
+    for w in [9u64, 3, 7, 1] {
+        idx.apply(WorkerId(w), &stored(0, &[1, 2, w + 10])).unwrap();
+    }
+    idx.remove_worker(WorkerId(3));
+    idx.apply(WorkerId(5), &stored(0, &[1])).unwrap(); // reuses 3's slot
+    let m = idx.find_matches(&[h(1), h(2), h(8)]);
+    let got: Vec<_> = m
+        .entries()
+        .iter()
+        .map(|e| (e.worker.0, e.matched_blocks, e.cached_blocks))
+        .collect();
+    assert_eq!(got, [(1, 2, 3), (5, 1, 1), (7, 2, 3), (9, 2, 3)]);
+}
+
+fn wide_op() -> impl Strategy<Value = Op> {
+    // Few hashes over many workers: blocks spill to bitsets and shrink back as workers drop them.
+    let event = prop_oneof![
+        4 => prop::collection::vec((0u64..10).prop_map(BlockHash), 0..8)
+            .prop_map(|blocks| KvEvent::Stored { parent: None, blocks }),
+        3 => prop::collection::vec((0u64..10).prop_map(BlockHash), 0..8)
+            .prop_map(|hashes| KvEvent::Removed { hashes }),
+        1 => Just(KvEvent::Cleared),
+    ];
+    prop_oneof![
+        10 => (0u64..600, Just(false), event)
+            .prop_map(|(worker, skip, event)| Op::Event { worker, skip, event }),
+        1 => (0u64..600).prop_map(Op::RemoveWorker),
+        3 => prop::collection::vec(0u64..10, 0..10).prop_map(Op::Query),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+    /// Up to 600 workers (a 10-word bitset) and 10 hashes, so most blocks have many holders;
+    /// lookups reuse one result buffer.
+    #[test]
+    fn many_holders_match_reference_model(ops in prop::collection::vec(wide_op(), 1..600)) {
+        let mut idx = PrefixIndex::default();
+        let mut model = Model::default();
+        let mut out = Matches::default();
+        for op in ops {
+            match op {
+                Op::Event { worker, event, .. } => {
+                    let w = WorkerId(worker);
+                    let next = model.workers.get(&w).and_then(|(_, e)| *e).unwrap_or(0);
+                    let r = KvEventRecord { id: next, event };
+                    prop_assert_eq!(idx.apply(w, &r), model.apply(w, &r));
+                }
+                Op::RemoveWorker(worker) => {
+                    idx.remove_worker(WorkerId(worker));
+                    model.workers.remove(&WorkerId(worker));
+                }
+                Op::Query(q) => {
+                    let q: Vec<_> = q.into_iter().map(BlockHash).collect();
+                    idx.find_matches_into(&q, &mut out);
+                    let got: Vec<_> = out
+                        .entries()
+                        .iter()
+                        .map(|e| (e.worker, e.matched_blocks, e.cached_blocks))
+                        .collect();
+                    prop_assert_eq!(got, model.matched(&q));
+                }
+                Op::Snapshot { .. } => unreachable!("not generated"),
+            }
+            let distinct: HashSet<BlockHash> =
+                model.workers.values().flat_map(|(s, _)| s.iter().copied()).collect();
+            prop_assert_eq!(idx.distinct_blocks(), distinct.len());
+        }
+    }
+}
