@@ -1,5 +1,5 @@
 """HTTPS through `cleave up --tls-cert/--tls-key` with the official `openai` client trusting a
-CA made for the test (trustme), and mutual TLS with `--tls-client-ca`: plain HTTP to the TLS port
+CA made for the test (trustme, the client's own HTTP stack via openai.DefaultHttpxClient), and mutual TLS with `--tls-client-ca`: plain HTTP to the TLS port
 and clients that do not trust the CA are refused; with mTLS a client without a certificate is
 refused and one with a certificate from the client CA is served."""
 
@@ -7,7 +7,11 @@ import signal
 import subprocess
 import time
 
-import httpx
+import http.client
+import ssl
+import urllib.error
+import urllib.request
+
 import openai
 import pytest
 import trustme
@@ -89,24 +93,24 @@ def test_https_with_the_openai_client_and_refusals(cleave_bin, pki):
     proc = start_up(cleave_bin, port, ["--tls-cert", pki["cert"], "--tls-key", pki["key"]])
     try:
         base = f"https://127.0.0.1:{port}/v1"
-        with httpx.Client(verify=pki["ca"]) as http:
-            client = openai.OpenAI(base_url=base, api_key="unused", http_client=http, max_retries=0)
+        with openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=pki["ca"])) as hc:
+            client = openai.OpenAI(base_url=base, api_key="unused", http_client=hc, max_retries=0)
             out = chat_when_ready(client)
             assert out.choices[0].message.content
             assert out.usage.completion_tokens > 0
             # HTTP/2 is offered by ALPN; the client above may speak either. A plain-HTTP request
             # to the TLS port gets no HTTP answer.
-        with pytest.raises(httpx.HTTPError):
-            httpx.get(f"http://127.0.0.1:{port}/health", timeout=10)
+        with pytest.raises((urllib.error.URLError, http.client.HTTPException, OSError)):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10)
         # A client that does not trust the test CA refuses the certificate.
-        with httpx.Client() as untrusting:
+        with openai.DefaultHttpxClient() as untrusting:
             c = openai.OpenAI(base_url=base, api_key="unused", http_client=untrusting, max_retries=0)
             with pytest.raises(openai.APIConnectionError):
                 c.models.list()
-        # The certificate names 127.0.0.1 and localhost, nothing else.
-        with httpx.Client(verify=pki["ca"]) as http:
-            r = http.get(f"https://localhost:{port}/health", timeout=10)
-            assert r.status_code == 200
+        # The certificate names 127.0.0.1 and localhost: both verify.
+        ctx = ssl.create_default_context(cafile=pki["ca"])
+        with urllib.request.urlopen(f"https://localhost:{port}/health", context=ctx, timeout=10) as r:
+            assert r.status == 200
     finally:
         stop(proc)
 
@@ -127,12 +131,12 @@ def test_mutual_tls_requires_a_client_certificate(cleave_bin, pki):
     )
     try:
         base = f"https://127.0.0.1:{port}/v1"
-        with httpx.Client(verify=pki["ca"]) as anonymous:
+        with openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=pki["ca"])) as anonymous:
             c = openai.OpenAI(base_url=base, api_key="unused", http_client=anonymous, max_retries=0)
             with pytest.raises(openai.APIConnectionError):
                 c.models.list()
-        with httpx.Client(verify=pki["ca"], cert=pki["client_cert"]) as http:
-            client = openai.OpenAI(base_url=base, api_key="unused", http_client=http, max_retries=0)
+        with openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=pki["ca"]), cert=pki["client_cert"]) as hc:
+            client = openai.OpenAI(base_url=base, api_key="unused", http_client=hc, max_retries=0)
             out = chat_when_ready(client)
             assert out.choices[0].message.content
     finally:
