@@ -23,32 +23,40 @@ def cleave_bin():
     return os.environ.get("CLEAVE_BIN", os.path.join(ROOT, "target", "debug", "cleave"))
 
 
-@pytest.fixture(scope="session")
-def cluster(cleave_bin):
-    port = free_port()
+def start_up(cleave_bin, port, args):
+    """Starts `cleave up --port PORT ARGS...` and returns the process and its "cleave is up" line."""
     proc = subprocess.Popen(
-        [cleave_bin, "up", "--prefill", "1", "--decode", "2", "--port", str(port)],
+        [cleave_bin, "up", "--port", str(port)] + args,
         stdout=subprocess.PIPE,
         text=True,
     )
     deadline = time.time() + 300
-    line = ""
     while time.time() < deadline:
         line = proc.stdout.readline()
         if not line and proc.poll() is not None:
             raise RuntimeError(f"cleave up exited with {proc.returncode}")
         if "cleave is up" in line:
-            break
-    else:
-        proc.kill()
-        raise RuntimeError("cleave up did not come up in time")
-    yield {"base_url": f"http://127.0.0.1:{port}/v1", "port": port, "proc": proc}
+            return proc, line
+    proc.kill()
+    raise RuntimeError("cleave up did not come up in time")
+
+
+def stop_up(proc):
+    """SIGTERM, as Ctrl-C would; fails the caller if it does not exit within 30 s."""
     proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
         proc.kill()
         raise
+
+
+@pytest.fixture(scope="session")
+def cluster(cleave_bin):
+    port = free_port()
+    proc, _ = start_up(cleave_bin, port, ["--prefill", "1", "--decode", "2"])
+    yield {"base_url": f"http://127.0.0.1:{port}/v1", "port": port, "proc": proc}
+    stop_up(proc)
 
 
 @pytest.fixture()

@@ -3,8 +3,6 @@ CA made for the test (trustme, the client's own HTTP stack via openai.DefaultHtt
 and clients that do not trust the CA are refused; with mTLS a client without a certificate is
 refused and one with a certificate from the client CA is served."""
 
-import signal
-import subprocess
 import time
 
 import http.client
@@ -16,36 +14,16 @@ import openai
 import pytest
 import trustme
 
+import conftest
 from conftest import free_port
 
 PROMPT = [{"role": "user", "content": "Name a colour."}]
 
 
 def start_up(cleave_bin, port, extra):
-    proc = subprocess.Popen(
-        [cleave_bin, "up", "--prefill", "0", "--decode", "1", "--port", str(port)] + extra,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        line = proc.stdout.readline()
-        if not line and proc.poll() is not None:
-            raise RuntimeError(f"cleave up exited with {proc.returncode}")
-        if "cleave is up" in line:
-            assert f"https://127.0.0.1:{port}/v1" in line, line
-            return proc
-    proc.kill()
-    raise RuntimeError("cleave up did not come up in time")
-
-
-def stop(proc):
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
+    proc, line = conftest.start_up(cleave_bin, port, ["--prefill", "0", "--decode", "1"] + extra)
+    assert f"https://127.0.0.1:{port}/v1" in line, line
+    return proc
 
 
 def chat_when_ready(client):
@@ -112,7 +90,7 @@ def test_https_with_the_openai_client_and_refusals(cleave_bin, pki):
         with urllib.request.urlopen(f"https://localhost:{port}/health", context=ctx, timeout=10) as r:
             assert r.status == 200
     finally:
-        stop(proc)
+        conftest.stop_up(proc)
 
 
 def test_mutual_tls_requires_a_client_certificate(cleave_bin, pki):
@@ -140,4 +118,4 @@ def test_mutual_tls_requires_a_client_certificate(cleave_bin, pki):
             out = chat_when_ready(client)
             assert out.choices[0].message.content
     finally:
-        stop(proc)
+        conftest.stop_up(proc)
