@@ -8,13 +8,10 @@ mod common;
 use common::{eventually, install_crd};
 
 use std::process::Command;
-use std::sync::Arc;
 use std::time::Duration;
 
-use cleave_operator::controller::{self, Ctx, Settings};
 use cleave_operator::crd::InferenceService;
 use cleave_operator::leader::LeaseLock;
-use cleave_operator::metrics::OperatorMetrics;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -39,17 +36,7 @@ async fn operator_reconciles_examples_against_a_real_apiserver() {
     };
     install_crd(&client).await;
     let ns = cleave_testkube::TestNamespace::create(&client, "op").await;
-    let stop = tokio_util::sync::CancellationToken::new();
-    let ctx = Arc::new(Ctx::new(
-        client.clone(),
-        Settings {
-            default_image: "cleave:cluster-test".into(),
-            fetch_image: "curl:cluster-test".into(),
-        },
-        OperatorMetrics::default(),
-    ));
-    let s = stop.clone();
-    let running = tokio::spawn(controller::run(ctx, async move { s.cancelled().await }));
+    let (stop, running) = common::start_controller(&client);
 
     let isvcs: Api<InferenceService> = Api::namespaced(client.clone(), &ns.name);
     let deps: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);

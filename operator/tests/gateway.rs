@@ -5,12 +5,9 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use cleave_operator::controller::{self, Ctx, Settings};
 use cleave_operator::crd::{FailureMode, InferenceService};
-use cleave_operator::metrics::OperatorMetrics;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
@@ -27,17 +24,7 @@ async fn renders_an_inference_pool_and_its_endpoint_picker() {
     cleave_testkube::upstream::install_crd(&client, cleave_testkube::upstream::INFERENCE_POOL_CRD)
         .await;
     let ns = cleave_testkube::TestNamespace::create(&client, "gw").await;
-    let stop = tokio_util::sync::CancellationToken::new();
-    let ctx = Arc::new(Ctx::new(
-        client.clone(),
-        Settings {
-            default_image: "cleave:cluster-test".into(),
-            fetch_image: "curl:cluster-test".into(),
-        },
-        OperatorMetrics::default(),
-    ));
-    let s = stop.clone();
-    let running = tokio::spawn(controller::run(ctx, async move { s.cancelled().await }));
+    let (stop, running) = common::start_controller(&client);
 
     let (_, mut isvc) = common::examples()
         .into_iter()

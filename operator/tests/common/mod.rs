@@ -121,3 +121,26 @@ pub async fn install_crd(client: &Client) {
     })
     .await;
 }
+
+/// Runs the operator's controller against `client` until the returned token is cancelled, with
+/// the test images; the handle ends when it stops.
+pub fn start_controller(
+    client: &Client,
+) -> (
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<()>,
+) {
+    use cleave_operator::controller::{self, Ctx, Settings};
+    let stop = tokio_util::sync::CancellationToken::new();
+    let ctx = std::sync::Arc::new(Ctx::new(
+        client.clone(),
+        Settings {
+            default_image: "cleave:cluster-test".into(),
+            fetch_image: "curl:cluster-test".into(),
+        },
+        cleave_operator::metrics::OperatorMetrics::default(),
+    ));
+    let s = stop.clone();
+    let running = tokio::spawn(controller::run(ctx, async move { s.cancelled().await }));
+    (stop, running)
+}
