@@ -1,6 +1,9 @@
 # shellcheck shell=bash
 # `start` and `stop` of scripts/kube-cluster (sourced by it; uses its KUBE_BIN, TOOLS_BIN, die, log).
 
+# shellcheck source=scripts/kube-node.sh
+. "$(dirname "${BASH_SOURCE[0]}")/kube-node.sh"
+
 # Prints N distinct free loopback ports.
 free_ports() {
   python3 - "$1" <<'EOF'
@@ -31,7 +34,7 @@ make_pki() {
   openssl req -x509 -new -nodes -sha256 -key "$pki/ca.key" -subj "/CN=cleave-test-ca" -days 3650 \
     -out "$pki/ca.crt" 2>/dev/null
   make_cert "$pki" apiserver "/CN=kube-apiserver" \
-    "subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc
+    "subjectAltName=IP:127.0.0.1,IP:10.0.0.1,IP:$NODE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc
 extendedKeyUsage=serverAuth
 keyUsage=digitalSignature,keyEncipherment"
   make_cert "$pki" admin "/O=system:masters/CN=cleave-admin" \
@@ -40,6 +43,10 @@ keyUsage=digitalSignature,keyEncipherment"
   # The controller-manager runs every controller under its own identity; on this throwaway
   # cluster it is a member of system:masters rather than the per-controller service accounts.
   make_cert "$pki" controller-manager "/O=system:masters/CN=system:kube-controller-manager" \
+    "extendedKeyUsage=clientAuth
+keyUsage=digitalSignature,keyEncipherment"
+  # The API server's identity towards kubelets (logs, exec, port-forward).
+  make_cert "$pki" apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" \
     "extendedKeyUsage=clientAuth
 keyUsage=digitalSignature,keyEncipherment"
   openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
@@ -84,11 +91,13 @@ spawn() {
 
 alive() { [ -f "$1/$2.pid" ] && kill -0 "$(cat "$1/$2.pid")" 2>/dev/null; }
 
-# fail DIR MESSAGE: prints the logs, stops what was started, exits non-zero.
+# fail DIR MESSAGE: prints the logs, stops what was started, exits non-zero. DIR is the cluster's
+# folder or its node/ subfolder.
 fail() {
   local dir=$1
   shift
-  for f in "$dir"/*.log; do
+  [ "$(basename "$dir")" = node ] && dir=$(dirname "$dir")
+  for f in "$dir"/*.log "$dir"/node/*.log; do
     [ -f "$f" ] || continue
     echo "----- last lines of $f" >&2
     tail -n 30 "$f" >&2
@@ -109,8 +118,11 @@ wait_for() {
   done
 }
 
+# cmd_start DIR [--node]
 cmd_start() {
-  local dir
+  local dir with_node=0
+  [ "${2:-}" = --node ] && with_node=1
+  [ $with_node = 0 ] || node_preflight
   mkdir -p "$1" && dir=$(cd "$1" && pwd)
   for b in "$KUBE_BIN/kube-apiserver" "$KUBE_BIN/kube-controller-manager" "$TOOLS_BIN/kubectl"; do
     [ -x "$b" ] || die "$b missing: run '$0 build' first"
@@ -135,12 +147,22 @@ cmd_start() {
     --initial-cluster "default=http://127.0.0.1:$peer_port"
   wait_for "$dir" etcd 30 curl -sf "http://127.0.0.1:$etcd_port/health"
 
-  local server="https://127.0.0.1:$api_port"
-  # ServiceAccount admission is off: no kubelet runs, and pods created by tests in a fresh
-  # namespace must not wait for the default service account and its token secret.
+  # With a node, the API server listens on the node IP (the bridge's address, on this machine
+  # only): pods reach it there through the `kubernetes` Service, whose endpoint it advertises.
+  local bind=127.0.0.1
+  if [ $with_node = 1 ]; then
+    node_prepare "$dir"
+    bind=$NODE_IP
+  fi
+  local server="https://$bind:$api_port"
+  # Without a node, ServiceAccount admission is off: no kubelet runs, and pods created by tests
+  # in a fresh namespace must not wait for the default service account and its token secret.
+  # With one, pods get their service account's token (the operator and router pods need it).
+  local admission=(--disable-admission-plugins ServiceAccount)
+  [ $with_node = 0 ] || admission=(--enable-admission-plugins ServiceAccount)
   spawn "$dir" kube-apiserver "$KUBE_BIN/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$etcd_port" \
-    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 \
+    --bind-address "$bind" --advertise-address "$bind" \
     --secure-port "$api_port" --insecure-port 0 \
     --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
     --client-ca-file "$pki/ca.crt" \
@@ -149,7 +171,10 @@ cmd_start() {
     --service-account-key-file "$pki/sa.pub" \
     --service-account-signing-key-file "$pki/sa.key" \
     --service-cluster-ip-range 10.0.0.0/24 \
-    --disable-admission-plugins ServiceAccount \
+    "${admission[@]}" \
+    --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \
+    --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
+    --kubelet-preferred-address-types InternalIP \
     --profiling=false
   local curl_admin=(curl -sf --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key")
   wait_for "$dir" kube-apiserver 90 "${curl_admin[@]}" "$server/readyz"
@@ -173,6 +198,7 @@ cmd_start() {
 export KUBECONFIG=$dir/kubeconfig
 export PATH=$TOOLS_BIN:$KUBE_BIN:\$PATH
 EOF
+  [ $with_node = 0 ] || node_start "$dir" "$server"
   log "cluster up in $((SECONDS - t0))s at $server (logs in $dir/*.log)"
   cat "$dir/env"
 }
@@ -180,6 +206,7 @@ EOF
 cmd_stop() {
   local dir=$1
   [ -d "$dir" ] || die "$dir: no such directory"
+  node_stop "$dir"
   local n pid
   for n in kube-controller-manager kube-apiserver etcd; do
     [ -f "$dir/$n.pid" ] || continue

@@ -5,6 +5,7 @@ pub mod controller;
 pub mod crd;
 pub mod leader;
 pub mod metrics;
+pub mod problems;
 pub mod render;
 pub mod scale;
 pub mod status;

@@ -1,6 +1,7 @@
 //! Status conditions from what was observed, pure.
 
 use crate::crd::{Condition, InferenceServiceStatus, PoolStatus, ScaleDecisionStatus};
+use crate::problems::Problem;
 
 /// What one reconcile saw.
 #[derive(Clone, Debug, Default)]
@@ -23,6 +24,8 @@ pub struct Observation {
     pub endpoint: Option<String>,
     /// Latest autoscaler decision (kept from the old status when none now).
     pub last_scale: Option<ScaleDecisionStatus>,
+    /// Why pods are not running (image pulls, crashes, OOM kills, scheduling).
+    pub problems: Vec<Problem>,
 }
 
 fn cond(type_: &str, status: bool, reason: &str, message: String) -> Condition {
@@ -76,6 +79,25 @@ pub fn compute(
             cond("Ready", true, "AllReplicasReady", notes.clone()),
             cond("Progressing", false, "Complete", String::new()),
             cond("Degraded", false, "AsExpected", notes),
+        ]
+    } else if let Some(first) = o.problems.first() {
+        let why: Vec<&str> = o.problems.iter().map(|p| p.message.as_str()).collect();
+        let msg = format!("waiting for {}: {}", lagging.join(", "), why.join("; "));
+        let reason = first.kind.reason();
+        let degraded = if notes.is_empty() {
+            msg.clone()
+        } else {
+            format!("{msg}; {notes}")
+        };
+        vec![
+            cond("Ready", false, reason, msg),
+            cond(
+                "Progressing",
+                true,
+                "Rolling",
+                format!("waiting for {}", lagging.join(", ")),
+            ),
+            cond("Degraded", true, reason, degraded),
         ]
     } else {
         let msg = format!("waiting for {}", lagging.join(", "));
@@ -160,6 +182,33 @@ mod tests {
             get(&s3, "Ready").last_transition_time.as_deref(),
             Some("t2")
         );
+    }
+
+    #[test]
+    fn pod_problems_name_the_reason_while_waiting() {
+        use crate::problems::{Problem, ProblemKind};
+        let o = Observation {
+            decode: (0, 1),
+            problems: vec![Problem {
+                kind: ProblemKind::ImagePull,
+                message: "pod m-decode-0 container worker: ErrImagePull: not found".into(),
+            }],
+            ..Default::default()
+        };
+        let s = compute(None, &o, "t");
+        let ready = get(&s, "Ready");
+        assert_eq!(ready.reason, "ImagePullFailed");
+        assert_eq!(
+            ready.message,
+            "waiting for decode 0/1: pod m-decode-0 container worker: ErrImagePull: not found"
+        );
+        assert_eq!(get(&s, "Degraded").status, "True");
+        // Once the pool is ready, a stale problem no longer matters.
+        let o = Observation {
+            decode: (1, 1),
+            ..o
+        };
+        assert_eq!(get(&compute(None, &o, "t"), "Ready").status, "True");
     }
 
     #[test]

@@ -56,6 +56,11 @@ fn check_pool(name: &str, pool: &PoolSpec, f: &mut Findings) {
             ));
         }
     }
+    if let Some(g) = gpus(pool).filter(|g| *g > 0) {
+        f.notes.push(format!(
+            "{name}: asks for {g} {GPU_RESOURCE} per pod, but cleave's engine has no GPU kernels yet: the pods are scheduled on GPU nodes and compute on their CPUs"
+        ));
+    }
     if p.tensor > 1 {
         f.notes.push(format!(
             "{name}: tensor={} must divide the model's attention heads; the head count is in the weights, so this is checked by the worker when it loads them, not here",
@@ -175,7 +180,12 @@ mod tests {
             ..Default::default()
         };
         s.decode.resources = Some(res("8"));
-        assert!(validate(&s).errors.is_empty());
+        let f = validate(&s);
+        assert!(f.errors.is_empty());
+        assert!(
+            f.notes.iter().any(|n| n.contains("no GPU kernels yet")),
+            "a GPU spec must say cleave computes on CPUs: {f:?}"
+        );
         s.decode.resources = Some(res("4"));
         let f = validate(&s);
         assert!(f.errors[0].contains("8 devices per pod"), "{f:?}");

@@ -58,6 +58,8 @@ pub fn init(service_name: &str) -> Guard {
 /// Installs the global subscriber: a fmt layer to stderr filtered by `CLEAVE_LOG` (else
 /// `default_filter`) and, when `OTEL_EXPORTER_OTLP_ENDPOINT` is set, OTLP/HTTP span export
 /// under `service_name`. Export failing to start is reported on stderr, not fatal.
+///
+/// Colour codes only on a terminal: a pod's log (`kubectl logs`) is a file.
 pub fn init_with_default(service_name: &str, default_filter: &str) -> Guard {
     let filter =
         || EnvFilter::try_from_env("CLEAVE_LOG").unwrap_or_else(|_| EnvFilter::new(default_filter));
@@ -78,6 +80,7 @@ pub fn init_with_default(service_name: &str, default_filter: &str) -> Guard {
         tracing_subscriber::fmt()
             .with_env_filter(filter())
             .with_writer(std::io::stderr)
+            .with_ansi(colour())
             .init();
         return Guard { provider: None };
     };
@@ -95,6 +98,7 @@ pub fn init_with_default(service_name: &str, default_filter: &str) -> Guard {
         .with(
             tracing_subscriber::fmt::layer()
                 .with_writer(std::io::stderr)
+                .with_ansi(colour())
                 .with_filter(filter()),
         )
         .with(
@@ -174,4 +178,9 @@ pub fn cancel_on_signal(token: tokio_util::sync::CancellationToken) {
             token.cancel();
         }
     });
+}
+
+fn colour() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal()
 }

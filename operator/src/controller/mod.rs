@@ -10,18 +10,19 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::crd::{InferenceService, InferenceServiceStatus};
 use crate::metrics::OperatorMetrics;
-use crate::render::names::{Component, MANAGER};
+use crate::render::names::{self, Component, MANAGER};
 use crate::render::{self, Inputs};
 use crate::scale::Recommendation;
 use crate::status::{self, Observation};
@@ -148,7 +149,11 @@ async fn write_status(
     let is = new.conditions.iter().find(|c| c.type_ == "Ready");
     if let Some(is) = is {
         if was.map(|w| (&w.status, &w.reason)) != Some((&is.status, &is.reason)) {
-            let t = if is.reason == "InvalidSpec" || is.reason == "ReconcileError" {
+            let degraded = new
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Degraded" && c.status == "True");
+            let t = if degraded {
                 EventType::Warning
             } else {
                 EventType::Normal
@@ -234,6 +239,17 @@ pub async fn reconcile(isvc: Arc<InferenceService>, ctx: Arc<Ctx>) -> Result<Act
         observe::ready_groups(&applied, &name, Component::Router),
         isvc.spec.router.replicas,
     );
+    let lagging = [obs.prefill, obs.decode, obs.router]
+        .iter()
+        .any(|(ready, want)| ready < want);
+    if lagging {
+        obs.problems = observe::pod_problems(&ctx.client, &ns, &name)
+            .await
+            .map_err(|source| Error::Kube {
+                stage: "reading pods for their status",
+                source,
+            })?;
+    }
     write_status(&ctx, &isvc, &obs).await?;
     ctx.failures.lock().unwrap().remove(&key(&isvc));
     let autoscaled =
@@ -275,7 +291,14 @@ pub async fn run(
         .owns(Api::<Deployment>::all(client.clone()), owned.clone())
         .owns(Api::<StatefulSet>::all(client.clone()), owned.clone())
         .owns(Api::<Service>::all(client.clone()), owned.clone())
-        .owns(Api::<ConfigMap>::all(client.clone()), owned)
+        .owns(Api::<ConfigMap>::all(client.clone()), owned.clone())
+        // Pod status (an image pull failing, a crash loop) changes nothing the operator owns:
+        // watch the pods themselves so the isvc's conditions say why promptly.
+        .watches(Api::<Pod>::all(client.clone()), owned, |pod: Pod| {
+            let ns = pod.metadata.namespace.clone()?;
+            let instance = pod.metadata.labels.as_ref()?.get(names::INSTANCE)?.clone();
+            Some(ObjectRef::<InferenceService>::new(&instance).within(&ns))
+        })
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|r| async move {

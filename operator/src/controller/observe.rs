@@ -79,6 +79,18 @@ fn pod_ready(p: &Pod) -> Option<String> {
     }
 }
 
+/// Why the instance's pods are not running (at most three distinct problems).
+pub async fn pod_problems(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> Result<Vec<crate::problems::Problem>, kube::Error> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let selector = format!("{}={name}", names::INSTANCE);
+    let list = pods.list(&ListParams::default().labels(&selector)).await?;
+    Ok(crate::problems::of_pods(&list.items, 3))
+}
+
 /// Sum of `cleave_worker_queue_depth` over the pool's ready pods; `None` when no pod answered.
 pub async fn pool_queue_depth(
     client: &Client,

@@ -11,6 +11,10 @@ use crate::crd::ModelSource;
 /// Where the model volume is mounted in every container.
 pub const MODEL_DIR: &str = "/models";
 
+/// Where the init container that fills the volume mounts it: not [`MODEL_DIR`], which would
+/// hide a model image's own `/models` (the Dockerfile's `model` stage puts the GGUF there).
+pub const FILL_DIR: &str = "/cleave-model";
+
 /// The volume, its mount, an optional init container, and the model's path in the container.
 #[derive(Clone, Debug)]
 pub struct ModelMount {
@@ -53,14 +57,16 @@ pub fn model_mount(source: &ModelSource, fetch_image: &str) -> Result<ModelMount
     if set.iter().filter(|s| **s).count() != 1 {
         return Err("model.source needs exactly one of path, url, image".into());
     }
-    let writable = VolumeMount {
+    let mount = VolumeMount {
         name: "model".into(),
         mount_path: MODEL_DIR.into(),
+        read_only: Some(true),
         ..Default::default()
     };
-    let mount = VolumeMount {
-        read_only: Some(true),
-        ..writable.clone()
+    let writable = VolumeMount {
+        name: "model".into(),
+        mount_path: FILL_DIR.into(),
+        ..Default::default()
     };
     let empty = Volume {
         name: "model".into(),
@@ -121,7 +127,7 @@ pub fn model_mount(source: &ModelSource, fetch_image: &str) -> Result<ModelMount
     }
     if let Some(u) = &source.url {
         let file = file_name(&u.url);
-        let dest = format!("{MODEL_DIR}/{file}");
+        let dest = format!("{FILL_DIR}/{file}");
         let check = match &u.sha256 {
             Some(sum) => format!(" && echo \"{sum}  $DEST.part\" | sha256sum -c -"),
             None => String::new(),
@@ -141,7 +147,7 @@ pub fn model_mount(source: &ModelSource, fetch_image: &str) -> Result<ModelMount
                 },
                 EnvVar {
                     name: "DEST".into(),
-                    value: Some(dest.clone()),
+                    value: Some(dest),
                     ..Default::default()
                 },
             ]),
@@ -153,15 +159,19 @@ pub fn model_mount(source: &ModelSource, fetch_image: &str) -> Result<ModelMount
             volume: empty,
             mount,
             init: Some(init),
-            model_path: dest,
+            model_path: format!("{MODEL_DIR}/{file}"),
         });
     }
     let i = source.image.as_ref().expect("one source is set");
-    let dest = format!("{MODEL_DIR}/{}", file_name(&i.path));
+    let file = file_name(&i.path);
     let init = Container {
         name: "copy-model".into(),
         image: Some(i.image.clone()),
-        command: Some(vec!["cp".into(), i.path.clone(), dest.clone()]),
+        command: Some(vec![
+            "cp".into(),
+            i.path.clone(),
+            format!("{FILL_DIR}/{file}"),
+        ]),
         volume_mounts: Some(vec![writable]),
         security_context: Some(restricted()),
         ..Default::default()
@@ -170,7 +180,7 @@ pub fn model_mount(source: &ModelSource, fetch_image: &str) -> Result<ModelMount
         volume: empty,
         mount,
         init: Some(init),
-        model_path: dest,
+        model_path: format!("{MODEL_DIR}/{file}"),
     })
 }
 
@@ -215,7 +225,14 @@ mod tests {
         };
         let m = model_mount(&img, "curl").unwrap();
         assert_eq!(m.model_path, "/models/x.gguf");
-        assert_eq!(m.init.unwrap().image.as_deref(), Some("models:1"));
+        let init = m.init.unwrap();
+        assert_eq!(init.image.as_deref(), Some("models:1"));
+        // The image's own /models must stay visible to the copy.
+        assert_eq!(
+            init.command.unwrap(),
+            ["cp", "/m/x.gguf", "/cleave-model/x.gguf"]
+        );
+        assert_eq!(init.volume_mounts.unwrap()[0].mount_path, FILL_DIR);
     }
 
     #[test]

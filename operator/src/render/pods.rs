@@ -83,10 +83,15 @@ fn env_from(config_map: String) -> Option<Vec<EnvFromSource>> {
     }])
 }
 
+/// Every container's termination message is the tail of its log when it fails, so that the
+/// isvc's status can say why (a missing model path, a bad flag) without `kubectl logs`.
+pub const LOG_ON_ERROR: &str = "FallbackToLogsOnError";
+
 fn with_init(model: &ModelMount) -> Option<Vec<Container>> {
     let init = model.init.clone()?;
     Some(vec![Container {
         security_context: Some(container_security()),
+        termination_message_policy: Some(LOG_ON_ERROR.into()),
         ..init
     }])
 }
@@ -133,6 +138,7 @@ pub fn worker_template(
         resources: pool.resources.clone(),
         volume_mounts: Some(vec![model.mount.clone()]),
         security_context: Some(container_security()),
+        termination_message_policy: Some(LOG_ON_ERROR.into()),
         ..Default::default()
     };
     PodTemplateSpec {
@@ -310,6 +316,7 @@ pub fn router_container(
         }),
         resources: isvc.spec.router.resources.clone(),
         security_context: Some(container_security()),
+        termination_message_policy: Some(LOG_ON_ERROR.into()),
         ..Default::default()
     }
 }
