@@ -7,7 +7,9 @@ CLEAVE_TEST_NODE_DIR=DIR uses a node already started from DIR (its image already
 `scripts/image --profile dev --model --tag e2e --import DIR`). Without root or the node's packages
 the tier fails under the test command (CLEAVE_REQUIRE_CLUSTER=1) and says SKIPPED otherwise."""
 
+import itertools
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -84,19 +86,23 @@ def node():
 
 @pytest.fixture(scope="session")
 def operator(node):
-    """`helm install` of charts/cleave with the local image: the operator as a pod."""
+    """`helm install` of charts/cleave with the local image: the operator as a pod (`upgrade
+    --install`, so that a reused node (CLEAVE_TEST_NODE_DIR) takes the current chart)."""
     t0 = time.time()
-    node.run("helm", "install", "cleave", os.path.join(ROOT, "charts", "cleave"), "-n", OPERATOR_NS,
+    node.run("helm", "upgrade", "--install", "cleave", os.path.join(ROOT, "charts", "cleave"), "-n", OPERATOR_NS,
              "--create-namespace", "--set", "image.repository=localhost/cleave", "--set", f"image.tag={TAG}",
              "--set", "image.pullPolicy=Never", "--wait", "--timeout", "180s", timeout=240)
     node.timings["helm install to operator Ready"] = time.time() - t0
     yield OPERATOR_NS
 
 
+_ns_counter = itertools.count()
+
+
 @pytest.fixture
 def namespace(node, request):
     """A fresh namespace per test, deleted afterwards (its pods with it)."""
-    ns = "e2e-" + request.node.name.replace("_", "-")[:40].strip("-").lower()
+    ns = f"e2e-{next(_ns_counter)}-" + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:40].strip("-")
     node.kubectl("create", "namespace", ns)
     # Pods wait for the namespace's default ServiceAccount (its token controller makes it).
     node.wait_for("the default ServiceAccount", lambda: node.run(
