@@ -3,7 +3,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{
-    Deployment, DeploymentSpec, DeploymentStrategy, StatefulSet, StatefulSetSpec,
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment, StatefulSet,
+    StatefulSetSpec,
 };
 use k8s_openapi::api::core::v1::{
     PodTemplateSpec, Service, ServiceAccount, ServicePort, ServiceSpec,
@@ -94,9 +95,15 @@ pub fn deployment(
                 match_labels: Some(selector),
                 ..Default::default()
             },
+            // One new pod at a time, and never one fewer than wanted: a pool of one (the usual
+            // decode or router count on CPUs) keeps its pod until the replacement is Ready, so
+            // there is always a routable worker during a rollout.
             strategy: Some(DeploymentStrategy {
                 type_: Some("RollingUpdate".into()),
-                ..Default::default()
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_surge: Some(IntOrString::Int(1)),
+                    max_unavailable: Some(IntOrString::Int(0)),
+                }),
             }),
             template,
             ..Default::default()
