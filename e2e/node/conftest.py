@@ -97,12 +97,14 @@ def operator(node):
 
 
 _ns_counter = itertools.count()
+_session = os.urandom(2).hex()
 
 
 @pytest.fixture
 def namespace(node, request):
     """A fresh namespace per test, deleted afterwards (its pods with it)."""
-    ns = f"e2e-{next(_ns_counter)}-" + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:40].strip("-")
+    # Unique across sessions too: a reused node may still be deleting an earlier run's namespace.
+    ns = f"e2e-{_session}{next(_ns_counter)}-" + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[:36].strip("-")
     node.kubectl("create", "namespace", ns)
     # Pods wait for the namespace's default ServiceAccount (its token controller makes it).
     node.wait_for("the default ServiceAccount", lambda: node.run(

@@ -32,6 +32,11 @@ pub struct GroupArgs {
     /// This process's rank, 0 being the leader; default `LWS_WORKER_INDEX`, else 0.
     #[arg(long = "group-rank", env = "CLEAVE_GROUP_RANK")]
     pub rank: Option<usize>,
+    /// This pod's name, whose ordinal suffix (`…-2`) is the rank when `--group-rank` is not
+    /// given: StatefulSet pods know their name on every Kubernetes version, their
+    /// `apps.kubernetes.io/pod-index` label only from 1.28.
+    #[arg(long = "group-pod-name", env = "CLEAVE_GROUP_POD_NAME")]
+    pub pod_name: Option<String>,
     /// `host:port` of the leader's group listener; default `LWS_LEADER_ADDRESS` with
     /// `--group-port`, else `127.0.0.1` with `--group-port`.
     #[arg(long = "group-leader", env = "CLEAVE_GROUP_LEADER")]
@@ -79,6 +84,7 @@ impl Default for GroupArgs {
             size: None,
             ep: None,
             rank: None,
+            pod_name: None,
             leader: None,
             port: 29400,
             bind: None,
@@ -136,9 +142,17 @@ impl GroupArgs {
             None => env_usize("LWS_GROUP_SIZE")?.unwrap_or(1),
         };
         anyhow::ensure!(size >= 1, "the group size (--tp/--ep) must be at least 1");
-        let rank = match self.rank {
-            Some(r) => r,
-            None => env_usize("LWS_WORKER_INDEX")?.unwrap_or(0),
+        let rank = match (self.rank, self.pod_name.as_deref()) {
+            (Some(r), _) => r,
+            (None, Some(name)) => name
+                .rsplit_once('-')
+                .and_then(|(_, n)| n.parse().ok())
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--group-pod-name {name:?} does not end in -ORDINAL (a StatefulSet pod's name)"
+                    )
+                })?,
+            (None, None) => env_usize("LWS_WORKER_INDEX")?.unwrap_or(0),
         };
         anyhow::ensure!(
             rank < size,
@@ -230,5 +244,26 @@ mod tests {
         assert!(e.contains("--tp 2 and --ep 4"), "{e}");
         a.size = Some(4);
         assert_eq!(a.membership().unwrap().unwrap().size, 4);
+    }
+
+    #[test]
+    fn the_rank_from_a_statefulset_pod_name() {
+        let mut a = GroupArgs {
+            size: Some(3),
+            leader: Some("m-decode-g0-0.m-decode:29400".into()),
+            pod_name: Some("m-decode-g0-2".into()),
+            ..GroupArgs::default()
+        };
+        assert_eq!(a.membership().unwrap().unwrap().rank, 2);
+        a.rank = Some(1);
+        assert_eq!(
+            a.membership().unwrap().unwrap().rank,
+            1,
+            "--group-rank wins"
+        );
+        a.rank = None;
+        a.pod_name = Some("no-ordinal".into());
+        let e = a.membership().unwrap_err().to_string();
+        assert!(e.contains("does not end in -ORDINAL"), "{e}");
     }
 }

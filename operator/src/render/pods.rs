@@ -189,11 +189,12 @@ pub fn group_env(template: &mut PodTemplateSpec, size: i32, leader_pod: &str, se
                 "CLEAVE_GROUP_LEADER",
                 format!("{leader_pod}.{service}:{GROUP_PORT}"),
             ),
+            // The rank is the pod name's ordinal: the pod-index label exists only from 1.28.
             EnvVar {
-                name: "CLEAVE_GROUP_RANK".into(),
+                name: "CLEAVE_GROUP_POD_NAME".into(),
                 value_from: Some(EnvVarSource {
                     field_ref: Some(ObjectFieldSelector {
-                        field_path: "metadata.labels['apps.kubernetes.io/pod-index']".into(),
+                        field_path: "metadata.name".into(),
                         ..Default::default()
                     }),
                     ..Default::default()

@@ -221,15 +221,12 @@ fn multi_node_groups_use_leader_worker_sets_or_stateful_sets() {
         var("CLEAVE_GROUP_LEADER").value.as_deref(),
         Some("chat-decode-g1-0.chat-decode:29400")
     );
-    let rank = var("CLEAVE_GROUP_RANK")
+    let rank = var("CLEAVE_GROUP_POD_NAME")
         .value_from
         .unwrap()
         .field_ref
         .unwrap();
-    assert_eq!(
-        rank.field_path,
-        "metadata.labels['apps.kubernetes.io/pod-index']"
-    );
+    assert_eq!(rank.field_path, "metadata.name");
     assert!(d
         .deployments
         .iter()
