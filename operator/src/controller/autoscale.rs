@@ -27,10 +27,6 @@ async fn pool_groups(
     let Some(bounds) = &pool.autoscaling else {
         return Ok((fixed_groups(pool), None));
     };
-    let current = last
-        .filter(|s| s.desired > 0 || bounds.min_replicas == 0)
-        .map(|s| s.desired)
-        .unwrap_or(bounds.min_replicas);
     let policy = &isvc.spec.autoscaling;
     let now = unix_now();
     let key = (
@@ -41,11 +37,19 @@ async fn pool_groups(
         ),
         c,
     );
-    let due = {
+    let (due, remembered) = {
         let s = ctx.scaler.lock().unwrap();
-        s.get(&key)
-            .is_none_or(|(_, at)| now >= at + u64::from(policy.period_seconds))
+        let m = s.get(&key);
+        let due = m.is_none_or(|(_, at, _)| now >= at + u64::from(policy.period_seconds));
+        (due, m.and_then(|m| m.2))
     };
+    // A reconcile between periods may see a cached object whose status predates the last
+    // decision: what this process decided last wins over it, or the pool would flip back.
+    let current = remembered.unwrap_or_else(|| {
+        last.filter(|s| s.desired > 0 || bounds.min_replicas == 0)
+            .map(|s| s.desired)
+            .unwrap_or(bounds.min_replicas)
+    });
     if !due {
         return Ok((
             current.clamp(bounds.min_replicas, bounds.max_replicas),
@@ -76,6 +80,7 @@ async fn pool_groups(
         });
         entry.0.push((now, d.recommended));
         entry.1 = now;
+        entry.2 = Some(d.to);
         d
     };
     if decision.to == current {

@@ -37,8 +37,10 @@ pub struct Settings {
     pub fetch_image: String,
 }
 
-/// Recent recommendations of one pool and the unix time of its last decision.
-type ScalerMemory = (Vec<Recommendation>, u64);
+/// Recent recommendations of one pool, the unix time of its last decision, and the group
+/// count this process last decided (newer than the status of a cached, not yet updated
+/// object; a new leader starts from the status).
+type ScalerMemory = (Vec<Recommendation>, u64, Option<i32>);
 
 /// Shared reconciler state.
 pub struct Ctx {
