@@ -20,6 +20,7 @@
 //! prefill worker is the decode worker itself.
 
 pub mod dynamo_cost;
+pub mod in_flight;
 pub mod least_load;
 pub mod prefix_load;
 pub mod prefix_optimistic;
@@ -34,6 +35,7 @@ mod tests;
 
 use cleave_kv_index::{Matches, WorkerId};
 
+pub use in_flight::{InFlight, Ticket};
 pub use view::{Charge, Load, Role, WorkerState, WorkerView};
 
 /// What a policy needs to know about one request.
@@ -92,6 +94,12 @@ pub struct PlaceConfig {
     /// cost uses `prefill_weight` for both; see [`prefix_load`]). Defaults 16 and 1 were tuned
     /// on the Mooncake trace with `cleave bench route`.
     pub queued_prefill_weight: f64,
+    /// Bounded load for `prefix-load` / `prefix-optimistic` (0: off): a worker whose queued
+    /// prefill blocks exceed `load_bound` × the mean over the candidates (plus the request's
+    /// prompt, so an idle cluster binds nothing) is passed over while another is within the
+    /// bound, whatever its prefix match (consistent hashing with bounded loads, applied to the
+    /// cost's winner; see [`prefix_load`]).
+    pub load_bound: f64,
     /// Prefill on a separate worker only when at least this many prompt blocks are uncached on
     /// the decode worker (`usize::MAX`: never disaggregate).
     pub disagg_min_uncached_blocks: usize,
@@ -108,6 +116,7 @@ impl Default for PlaceConfig {
         Self {
             prefill_weight: 16.0,
             queued_prefill_weight: 1.0,
+            load_bound: 0.0,
             disagg_min_uncached_blocks: 32,
             seed: 0x5eed,
             sglang: sglang_cache_aware::SglangConfig::default(),
@@ -211,8 +220,9 @@ impl PolicyKind {
         matches!(self, PolicyKind::SglangCacheAware)
     }
 
-    /// Whether the policy expects its matches to include the router's placements whose prefill
-    /// is not done yet (on top of the KV-event index): `prefix-optimistic`.
+    /// Whether the policy expects its matches to include the router's placements whose KV events
+    /// have not arrived yet (on top of the KV-event index; [`in_flight::InFlight`], which the
+    /// simulator and the live router's `dispatch::Cluster` both use): `prefix-optimistic`.
     pub fn matches_in_flight(self) -> bool {
         matches!(self, PolicyKind::PrefixOptimistic)
     }

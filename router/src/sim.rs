@@ -34,15 +34,14 @@ pub mod tenants;
 pub mod trace;
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{BinaryHeap, HashSet};
 use std::time::{Duration, Instant};
 
-use cleave_kv_index::{
-    BlockHash, KvEvent, KvEventRecord, MatchEntry, Matches, PrefixIndex, WorkerId,
-};
+use cleave_kv_index::{KvEvent, KvEventRecord, Matches, PrefixIndex, WorkerId};
 
 use crate::place::{
-    Charge, PlaceConfig, PlaceError, PlacementRequest, PolicyKind, Role, WorkerView,
+    Charge, InFlight, PlaceConfig, PlaceError, PlacementRequest, PolicyKind, Role, Ticket,
+    WorkerView,
 };
 pub use engine::TimeModel;
 use engine::{Prefill, SimWorker};
@@ -121,6 +120,7 @@ impl Default for SimConfig {
             place: PlaceConfig {
                 prefill_weight: DEFAULT_SIM_PREFILL_WEIGHT,
                 queued_prefill_weight: DEFAULT_SIM_QUEUED_PREFILL_WEIGHT,
+                load_bound: DEFAULT_SIM_LOAD_BOUND,
                 disagg_min_uncached_blocks: usize::MAX,
                 ..PlaceConfig::default()
             },
@@ -146,6 +146,9 @@ pub const DEFAULT_OFFERED_LOAD: f64 = 0.5;
 pub const DEFAULT_SIM_PREFILL_WEIGHT: f64 = 16.0;
 /// The queued-prefill weight the simulator uses by default (the router's default).
 pub const DEFAULT_SIM_QUEUED_PREFILL_WEIGHT: f64 = 1.0;
+/// The bounded-load factor the simulator uses by default (the router's default,
+/// [`PlaceConfig::load_bound`]).
+pub const DEFAULT_SIM_LOAD_BOUND: f64 = 0.0;
 
 /// Facts about a trace that the report states.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -320,9 +323,11 @@ struct Cluster<'a> {
     pending: BinaryHeap<Reverse<(u64, usize)>>,
     ttft: Vec<f64>,
     itl: Vec<f64>,
-    /// Per worker, blocks of placed requests whose prefill is not done (with counts), when the
-    /// policy matches in-flight placements.
-    in_flight: Option<Vec<HashMap<BlockHash, u32>>>,
+    /// Blocks of placed requests whose prefill is not done, when the policy matches in-flight
+    /// placements (the live router's overlay; settled when the prefill's events are applied).
+    in_flight: Option<InFlight>,
+    /// Per request, its overlay ticket until its prefill is done.
+    tickets: Vec<Option<Ticket>>,
 }
 
 impl Cluster<'_> {
@@ -353,15 +358,8 @@ impl Cluster<'_> {
                         .apply(WorkerId(w as u64), record)
                         .expect("a simulated worker's events arrive in order");
                 }
-                if let Some(pending) = self.in_flight.as_mut() {
-                    for h in trace[p.req].block_hashes() {
-                        if let Some(n) = pending[w].get_mut(&h) {
-                            *n -= 1;
-                            if *n == 0 {
-                                pending[w].remove(&h);
-                            }
-                        }
-                    }
+                if let (Some(o), Some(t)) = (self.in_flight.as_mut(), self.tickets[p.req].take()) {
+                    o.settle(t);
                 }
             }
             for r in done.finished {
@@ -394,9 +392,8 @@ fn run_policy(
         pending: BinaryHeap::new(),
         ttft: Vec::with_capacity(trace.len()),
         itl: Vec::new(),
-        in_flight: kind
-            .matches_in_flight()
-            .then(|| vec![HashMap::new(); config.workers]),
+        in_flight: kind.matches_in_flight().then(InFlight::default),
+        tickets: Vec::with_capacity(trace.len()),
     };
     // SGLang's tree of routed requests, and the next event id per worker for it.
     let mut routed = kind.matches_routed_requests().then(|| {
@@ -415,20 +412,26 @@ fn run_policy(
     let (mut hits, mut total, mut stale) = (0usize, 0usize, 0usize);
     let mut decide = Duration::ZERO;
     let bt = config.block_tokens.max(1);
+    // One matches buffer for the whole run (the lookup allocates nothing).
+    let mut buf = Matches::default();
     for (n, r) in trace.iter().enumerate() {
         let now = r.timestamp as f64 / 1e3 * scale;
         c.advance(now);
         let hashes = r.block_hashes();
         let start = Instant::now();
-        let matches = match (routed.as_ref(), c.in_flight.as_ref()) {
-            (Some((tree, _)), _) => tree.find_matches(&hashes),
-            (None, Some(pending)) => with_in_flight(&c.index, pending, &hashes),
-            (None, None) => c.index.find_matches(&hashes),
-        };
+        match (routed.as_ref(), c.in_flight.as_ref()) {
+            (Some((tree, _)), _) => tree.find_matches_into(&hashes, &mut buf),
+            (None, overlay) => {
+                c.index.find_matches_into(&hashes, &mut buf);
+                if let Some(o) = overlay {
+                    o.extend(&c.index, &hashes, &mut buf);
+                }
+            }
+        }
         let req = PlacementRequest {
             prompt_blocks: (r.input_length.div_ceil(bt) as usize).max(hashes.len()),
             decode_blocks: r.output_length.div_ceil(bt) as usize,
-            matches,
+            matches: std::mem::take(&mut buf),
         };
         let placement = policy.place(&req, &c.view)?;
         decide += start.elapsed();
@@ -448,15 +451,16 @@ fn run_policy(
             tree.apply(wid, &record)
                 .expect("the routed tree's ids are sequential");
         }
-        if let Some(pending) = c.in_flight.as_mut() {
-            for h in &hashes {
-                *pending[w].entry(*h).or_default() += 1;
-            }
-        }
+        let ticket = c
+            .in_flight
+            .as_mut()
+            .map(|o| o.add(wid, hashes.clone(), Duration::from_secs_f64(now.max(0.0))));
+        c.tickets.push(ticket);
         let cached = c.workers[w].cache.serve(&hashes);
         if cached != req.matches.matched(wid) {
             stale += 1;
         }
+        buf = req.matches;
         hits += cached;
         total += hashes.len();
         let events = c.workers[w].cache.drain_events();
@@ -491,35 +495,6 @@ fn run_policy(
         final_index_mismatches: final_mismatches,
         completed: c.ttft.len(),
     })
-}
-
-/// The index's matches, each extended over blocks of the worker's in-flight placements.
-fn with_in_flight(
-    index: &PrefixIndex,
-    pending: &[HashMap<BlockHash, u32>],
-    query: &[BlockHash],
-) -> Matches {
-    let base = index.find_matches(query);
-    let entries = base
-        .entries()
-        .iter()
-        .map(|e| {
-            let p = &pending[e.worker.0 as usize];
-            let matched = if p.is_empty() {
-                e.matched_blocks
-            } else {
-                query
-                    .iter()
-                    .take_while(|h| p.contains_key(h) || index.contains(e.worker, **h))
-                    .count()
-            };
-            MatchEntry {
-                matched_blocks: matched,
-                ..*e
-            }
-        })
-        .collect();
-    Matches::from_entries(entries)
 }
 
 fn ratio(a: f64, b: f64) -> f64 {
