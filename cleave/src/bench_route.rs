@@ -79,11 +79,8 @@ pub struct RouteArgs {
     /// Weight of the prefill blocks already queued on a worker in prefix-load's cost.
     #[arg(long, default_value_t = sim::DEFAULT_SIM_QUEUED_PREFILL_WEIGHT)]
     pub queued_prefill_weight: f64,
-    /// Bounded load of prefix-load / prefix-optimistic: skip workers whose queued prefill
-    /// exceeds this × the mean (+ the prompt); 0: off.
-    #[arg(long, default_value_t = sim::DEFAULT_SIM_LOAD_BOUND)]
-    pub load_bound: f64,
-    /// Policies to compare (default: prefix-load, prefix-optimistic, the two anchors, round-robin).
+    /// Policies to compare (default: prefix-load, prefix-optimistic (the router's default), the two
+    /// anchors, round-robin).
     #[arg(long, value_delimiter = ',')]
     pub policies: Vec<PolicyKind>,
     /// Seed of the policies' RNG and of the tenant trace.
@@ -94,8 +91,8 @@ pub struct RouteArgs {
     pub json: bool,
 }
 
-/// The default comparison: ours (the live default and the in-flight-aware variant), the
-/// anchors, a cache-blind baseline.
+/// The default comparison: ours (the index-only cost and the default, in-flight-aware one),
+/// the anchors, a cache-blind baseline.
 pub const DEFAULT_POLICIES: [PolicyKind; 5] = [
     PolicyKind::PrefixLoad,
     PolicyKind::PrefixOptimistic,
@@ -148,7 +145,6 @@ pub fn bench_route(mut args: RouteArgs) -> anyhow::Result<()> {
     };
     base.place.prefill_weight = args.prefill_weight;
     base.place.queued_prefill_weight = args.queued_prefill_weight;
-    base.place.load_bound = args.load_bound;
     base.place.seed = args.seed;
     let mut goals = String::new();
     for &shape in &args.shape {

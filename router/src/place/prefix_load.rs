@@ -1,4 +1,5 @@
-//! `prefix-load`, the default policy: prefix affinity weighed against load.
+//! `prefix-load`: prefix affinity weighed against load (the cost of the default policy,
+//! [`super::prefix_optimistic`], which runs it over matches that include in-flight placements).
 //!
 //! For each healthy decode-capable worker `w`, with its effective load (reports and the
 //! router's optimistic charges, [`super::WorkerView`]):
@@ -23,10 +24,6 @@
 //! `prefill_weight · uncached_prompt_blocks + queued_prefill_weight · active_prefill_blocks`,
 //! same tie rules.
 //!
-//! Bounded load ([`PlaceConfig::load_bound`], 0 = off): before the argmin, workers whose queued prefill blocks exceed
-//! `load_bound · mean + prompt_blocks` are left out, so a hot prefix spills to the cheapest
-//! worker within the bound rather than piling onto its cached worker (the idea of consistent
-//! hashing with bounded loads, Mirrokni, Thorup and Zadimoghaddam 2018, applied to a cost).
 
 use super::rng::SharedRng;
 use super::{
@@ -49,25 +46,6 @@ impl PrefixLoad {
     }
 }
 
-impl PrefixLoad {
-    /// The most queued prefill blocks a decode candidate may carry ([`PlaceConfig::load_bound`]):
-    /// `load_bound · mean + prompt_blocks`, infinite when the bound is off. The least loaded
-    /// candidate is always within it (it is at most the mean).
-    fn prefill_limit(&self, req: &PlacementRequest, workers: &WorkerView) -> f64 {
-        let bound = self.config.load_bound;
-        if !(bound > 0.0) {
-            return f64::INFINITY;
-        }
-        let (n, sum) = decode_candidates(workers).fold((0usize, 0.0), |(n, s), w| {
-            (n + 1, s + w.load().prefill_blocks as f64)
-        });
-        if n == 0 {
-            return f64::INFINITY;
-        }
-        bound * sum / n as f64 + req.prompt_blocks as f64
-    }
-}
-
 impl Policy for PrefixLoad {
     fn name(&self) -> &'static str {
         "prefix-load"
@@ -83,14 +61,11 @@ impl Policy for PrefixLoad {
         let prefill_cost = |w: &super::WorkerState| {
             pw * req.uncached_on(w.id) as f64 + qw * w.load().prefill_blocks as f64
         };
-        let limit = self.prefill_limit(req, workers);
         let decode = argmin_random(
-            decode_candidates(workers)
-                .filter(|w| w.load().prefill_blocks as f64 <= limit)
-                .map(|w| {
-                    let cost = prefill_cost(w) + w.load().decode_blocks as f64 + new_decode;
-                    (w.id, cost, tree(w.id))
-                }),
+            decode_candidates(workers).map(|w| {
+                let cost = prefill_cost(w) + w.load().decode_blocks as f64 + new_decode;
+                (w.id, cost, tree(w.id))
+            }),
             &self.rng,
         )
         .ok_or(PlaceError::NoDecodeWorker)?;

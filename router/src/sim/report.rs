@@ -154,14 +154,9 @@ impl SimReport {
         let p = &self.place;
         let _ = writeln!(
             out,
-            "placement: prefix-load {}·uncached + {}·queued_prefill + decode{}; sglang cache_threshold {} balance_abs {} balance_rel {}; dynamo overlap_score_weight {} temperature 0; seed {:#x}",
+            "placement: prefix-load {}·uncached + {}·queued_prefill + decode; sglang cache_threshold {} balance_abs {} balance_rel {}; dynamo overlap_score_weight {} temperature 0; seed {:#x}",
             p.prefill_weight,
             p.queued_prefill_weight,
-            if p.load_bound > 0.0 {
-                format!(", load bound {}·mean", p.load_bound)
-            } else {
-                String::new()
-            },
             p.sglang.cache_threshold,
             p.sglang.balance_abs_threshold,
             p.sglang.balance_rel_threshold,
