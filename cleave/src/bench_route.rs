@@ -79,7 +79,8 @@ pub struct RouteArgs {
     /// Weight of the prefill blocks already queued on a worker in prefix-load's cost.
     #[arg(long, default_value_t = sim::DEFAULT_SIM_QUEUED_PREFILL_WEIGHT)]
     pub queued_prefill_weight: f64,
-    /// Policies to compare (default: prefix-load, prefix-optimistic, the two anchors, round-robin).
+    /// Policies to compare (default: prefix-load, prefix-optimistic (the router's default), the two
+    /// anchors, round-robin).
     #[arg(long, value_delimiter = ',')]
     pub policies: Vec<PolicyKind>,
     /// Seed of the policies' RNG and of the tenant trace.
@@ -90,8 +91,8 @@ pub struct RouteArgs {
     pub json: bool,
 }
 
-/// The default comparison: ours (the live default and the in-flight-aware variant), the
-/// anchors, a cache-blind baseline.
+/// The default comparison: ours (the index-only cost and the default, in-flight-aware one),
+/// the anchors, a cache-blind baseline.
 pub const DEFAULT_POLICIES: [PolicyKind; 5] = [
     PolicyKind::PrefixLoad,
     PolicyKind::PrefixOptimistic,

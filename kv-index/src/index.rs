@@ -106,6 +106,16 @@ impl Matches {
         self.get(worker).map_or(0, |e| e.matched_blocks)
     }
 
+    /// Raises `worker`'s match to at least `matched` blocks (no-op for an unknown worker): for
+    /// callers that know of blocks the index has not been told of yet (the router's in-flight
+    /// placements).
+    pub fn raise(&mut self, worker: WorkerId, matched: usize) {
+        if let Ok(i) = self.entries.binary_search_by_key(&worker, |e| e.worker) {
+            let e = &mut self.entries[i];
+            e.matched_blocks = e.matched_blocks.max(matched);
+        }
+    }
+
     /// The longest match over all workers.
     pub fn longest(&self) -> usize {
         self.entries

@@ -33,7 +33,12 @@ pub struct RouterConfig {
     #[arg(long = "prefill")]
     pub prefill: Vec<String>,
     /// Placement policy.
-    #[arg(long, env = "CLEAVE_POLICY", value_enum, default_value = "prefix-load")]
+    #[arg(
+        long,
+        env = "CLEAVE_POLICY",
+        value_enum,
+        default_value = "prefix-optimistic"
+    )]
     pub policy: PolicyKind,
     /// Disaggregate only when at least this many prompt blocks (16 tokens) are uncached on the
     /// decode worker; shorter prompts are prefilled where they decode.

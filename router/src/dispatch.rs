@@ -5,9 +5,10 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use cleave_engine::kv::block_hashes;
-use cleave_kv_index::{Matches, PrefixIndex, WorkerId};
+use cleave_kv_index::{BlockHash, Matches, PrefixIndex, WorkerId};
 use cleave_proto::v1 as pb;
 use cleave_proto::v1::decode_worker_client::DecodeWorkerClient;
 use tokio_stream::StreamExt;
@@ -17,10 +18,16 @@ use crate::api::backend::{
     Backend, BackendError, BackendEvent, BackendRequest, BackendStream, FinishReason,
 };
 use crate::api::metrics::{PlacementLabels, PlacementMode, RouterMetrics};
-use crate::place::{Charge, PlaceError, Placement, PlacementRequest, Policy, Role, WorkerView};
+use crate::place::{
+    Charge, InFlight, PlaceError, Placement, PlacementRequest, Policy, PolicyKind, Role, Ticket,
+    WorkerView,
+};
 
 /// Token slots per KV block on the workers (the engine's default).
 pub const BLOCK_SIZE: usize = cleave_engine::kv::DEFAULT_BLOCK_SIZE;
+
+/// Matches buffers kept for reuse ([`Cluster::prepare`]); more requests placed at once allocate.
+const SPARE_MATCHES: usize = 16;
 
 /// One known worker.
 #[derive(Clone, Debug)]
@@ -35,12 +42,21 @@ pub struct WorkerEntry {
 }
 
 /// The placement state the dispatcher and the watchers share.
+///
+/// Lock order: `index` before the in-flight overlay; `view` is never held with either.
 pub struct Cluster {
     /// Which worker caches which prefix blocks.
     pub index: Mutex<PrefixIndex>,
     /// Load, health and optimistic charges.
     pub view: Mutex<WorkerView>,
     workers: Mutex<BTreeMap<WorkerId, WorkerEntry>>,
+    /// Blocks of placed prompts whose KV events have not arrived (`None`: the policy reads the
+    /// index alone).
+    in_flight: Option<Mutex<InFlight>>,
+    /// Matches buffers of finished placements, reused by the next lookups.
+    spare: Mutex<Vec<Matches>>,
+    /// The overlay's clock starts here.
+    epoch: Instant,
 }
 
 impl Default for Cluster {
@@ -49,24 +65,140 @@ impl Default for Cluster {
             index: Mutex::new(PrefixIndex::default()),
             view: Mutex::new(WorkerView::new()),
             workers: Mutex::new(BTreeMap::new()),
+            in_flight: None,
+            spare: Mutex::new(Vec::new()),
+            epoch: Instant::now(),
         }
     }
 }
 
+/// A request ready for a policy: its [`PlacementRequest`], and the block hashes the in-flight
+/// overlay records once it is placed ([`Cluster::reserve`]).
+#[derive(Debug)]
+pub struct Prepared {
+    /// What the policy reads.
+    pub req: PlacementRequest,
+    hashes: Vec<BlockHash>,
+}
+
 impl Cluster {
+    /// The state a router placing with `policy` needs: with the in-flight overlay when the
+    /// policy reads it ([`PolicyKind::matches_in_flight`]).
+    pub fn for_policy(policy: PolicyKind) -> Self {
+        let c = Cluster::default();
+        if policy.matches_in_flight() {
+            c.with_in_flight(InFlight::default())
+        } else {
+            c
+        }
+    }
+
+    /// Extends every lookup over `overlay` (the blocks of placements whose KV events have not
+    /// arrived yet; [`crate::place::in_flight`]).
+    pub fn with_in_flight(mut self, overlay: InFlight) -> Self {
+        self.in_flight = Some(Mutex::new(overlay));
+        self
+    }
+
+    /// In-flight placements whose blocks count in lookups (0 without the overlay).
+    pub fn in_flight_len(&self) -> usize {
+        self.in_flight
+            .as_ref()
+            .map_or(0, |o| o.lock().expect("in-flight").len())
+    }
+
+    fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+
     /// How many leading blocks of `prompt` each worker caches (the router's block hashes
-    /// looked up in the index).
+    /// looked up in the index, with the in-flight overlay when there is one).
     pub fn matches(&self, prompt: &[u32]) -> Matches {
-        let hashes = block_hashes(prompt, BLOCK_SIZE, 0);
-        self.index.lock().expect("index").find_matches(&hashes)
+        self.prepare(prompt, 0).req.matches
     }
 
     /// What a policy needs to place `prompt` with room for `max_tokens` of output.
     pub fn placement_request(&self, prompt: &[u32], max_tokens: usize) -> PlacementRequest {
-        PlacementRequest {
-            prompt_blocks: prompt.len().div_ceil(BLOCK_SIZE),
-            decode_blocks: max_tokens.div_ceil(BLOCK_SIZE),
-            matches: self.matches(prompt),
+        self.prepare(prompt, max_tokens).req
+    }
+
+    /// [`Self::placement_request`], keeping what [`Self::reserve`] needs.
+    pub fn prepare(&self, prompt: &[u32], max_tokens: usize) -> Prepared {
+        self.prepare_blocks(
+            prompt,
+            prompt.len().div_ceil(BLOCK_SIZE),
+            max_tokens.div_ceil(BLOCK_SIZE),
+        )
+    }
+
+    /// A request whose prefix is `prompt` and that occupies `prompt_blocks` and
+    /// `decode_blocks` (callers that count several prompts of one request). An empty `prompt`
+    /// has no matches at all.
+    pub fn prepare_blocks(
+        &self,
+        prompt: &[u32],
+        prompt_blocks: usize,
+        decode_blocks: usize,
+    ) -> Prepared {
+        let mut matches = self
+            .spare
+            .lock()
+            .expect("spare matches")
+            .pop()
+            .unwrap_or_default();
+        let hashes = if prompt.is_empty() {
+            matches = Matches::default();
+            Vec::new()
+        } else {
+            let hashes = block_hashes(prompt, BLOCK_SIZE, 0);
+            let index = self.index.lock().expect("index");
+            index.find_matches_into(&hashes, &mut matches);
+            if let Some(o) = &self.in_flight {
+                let mut o = o.lock().expect("in-flight");
+                o.expire(self.now(), &index);
+                o.extend(&index, &hashes, &mut matches);
+            }
+            hashes
+        };
+        Prepared {
+            req: PlacementRequest {
+                prompt_blocks,
+                decode_blocks,
+                matches,
+            },
+            hashes,
+        }
+    }
+
+    /// Gives a lookup's buffer back for reuse.
+    pub fn recycle(&self, matches: Matches) {
+        let mut spare = self.spare.lock().expect("spare matches");
+        if spare.len() < SPARE_MATCHES {
+            spare.push(matches);
+        }
+    }
+
+    /// Counts `placement` of `prepared` now: the optimistic load charge, and the prompt's blocks
+    /// as in flight on the decode worker (where its KV will live). Dropping the reservation
+    /// gives both back ([`Reservation`]).
+    pub fn reserve(self: &Arc<Self>, prepared: Prepared, placement: &Placement) -> Reservation {
+        let charge = self
+            .view
+            .lock()
+            .expect("view")
+            .charge(&prepared.req, placement);
+        let ticket = self.in_flight.as_ref().and_then(|o| {
+            (!prepared.hashes.is_empty()).then(|| {
+                o.lock()
+                    .expect("in-flight")
+                    .add(placement.decode, prepared.hashes, self.now())
+            })
+        });
+        self.recycle(prepared.req.matches);
+        Reservation {
+            cluster: self.clone(),
+            charge: Some(charge),
+            ticket,
         }
     }
 
@@ -100,6 +232,9 @@ impl Cluster {
     pub fn remove(&self, id: WorkerId) {
         self.workers.lock().expect("workers").remove(&id);
         self.index.lock().expect("index").remove_worker(id);
+        if let Some(o) = &self.in_flight {
+            o.lock().expect("in-flight").remove_worker(id);
+        }
         self.view.lock().expect("view").remove(id);
     }
 
@@ -128,6 +263,41 @@ impl Cluster {
     }
 }
 
+/// What [`Cluster::reserve`] counted for one placed request: the optimistic load charge and the
+/// in-flight overlay ticket. [`Reservation::prefill_done`] at the first token; dropping it (the
+/// stream ended or was dropped) releases the charge and, before the first token, the ticket
+/// (after it, the ticket waits for the worker's KV events).
+pub struct Reservation {
+    cluster: Arc<Cluster>,
+    charge: Option<Charge>,
+    ticket: Option<Ticket>,
+}
+
+impl Reservation {
+    /// The request's prefill is done (its first token came).
+    pub fn prefill_done(&mut self) {
+        if let Some(c) = &mut self.charge {
+            self.cluster.view.lock().expect("view").prefill_done(c);
+        }
+        if let (Some(o), Some(t)) = (&self.cluster.in_flight, &self.ticket) {
+            o.lock()
+                .expect("in-flight")
+                .prefill_done(t, self.cluster.now());
+        }
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Some(c) = self.charge.take() {
+            self.cluster.view.lock().expect("view").release(c);
+        }
+        if let (Some(o), Some(t)) = (&self.cluster.in_flight, self.ticket.take()) {
+            o.lock().expect("in-flight").release(t);
+        }
+    }
+}
+
 /// The dispatcher: a [`Backend`] over the cluster's workers.
 pub struct Dispatcher {
     cluster: Arc<Cluster>,
@@ -153,30 +323,17 @@ impl Dispatcher {
         self
     }
 
+    /// Places `prompt` and counts it against its workers (load charge, in-flight blocks).
     fn place(
         &self,
         prompt: &[u32],
         max_tokens: usize,
-    ) -> Result<(PlacementRequest, Placement), PlaceError> {
-        let req = self.cluster.placement_request(prompt, max_tokens);
+    ) -> Result<(Placement, Reservation), PlaceError> {
+        let prepared = self.cluster.prepare(prompt, max_tokens);
         let placement = self
             .policy
-            .place(&req, &self.cluster.view.lock().expect("view"))?;
-        Ok((req, placement))
-    }
-}
-
-/// Releases the router's optimistic charge when the request's stream ends or is dropped.
-struct ChargeGuard {
-    cluster: Arc<Cluster>,
-    charge: Option<Charge>,
-}
-
-impl Drop for ChargeGuard {
-    fn drop(&mut self) {
-        if let Some(c) = self.charge.take() {
-            self.cluster.view.lock().expect("view").release(c);
-        }
+            .place(&prepared.req, &self.cluster.view.lock().expect("view"))?;
+        Ok((placement, self.cluster.reserve(prepared, &placement)))
     }
 }
 
@@ -225,7 +382,8 @@ impl Backend for Dispatcher {
         // Try the placement; a decode worker that cannot be reached is marked unhealthy and the
         // request is placed again (nothing has been streamed yet).
         for _attempt in 0..4 {
-            let (preq, placement) = match self.place(&req.prompt, req.params.max_tokens) {
+            let (placement, mut reservation) = match self.place(&req.prompt, req.params.max_tokens)
+            {
                 Ok(p) => p,
                 Err(PlaceError::NoDecodeWorker) => return Err(BackendError::NoWorkers),
             };
@@ -252,16 +410,6 @@ impl Backend for Dispatcher {
                     .inc();
             }
             tracing::debug!(decode = %placement.decode, prefill = ?placement.prefill, "placed");
-            let charge = self
-                .cluster
-                .view
-                .lock()
-                .expect("view")
-                .charge(&preq, &placement);
-            let guard = ChargeGuard {
-                cluster: self.cluster.clone(),
-                charge: Some(charge),
-            };
             let mut client = DecodeWorkerClient::new(decode.channel.clone());
             let mut call = tonic::Request::new(pb::GenerateRequest {
                 request_id: req.request_id.clone(),
@@ -314,9 +462,11 @@ impl Backend for Dispatcher {
                     continue;
                 }
             };
+            // The first event is the first token: the prefill is done.
+            reservation.prefill_done();
             let stream = tokio_stream::once(Ok(first)).chain(stream);
             let out = stream.map(move |item| {
-                let _keep = &guard;
+                let _keep = &reservation;
                 match item {
                     Ok(ev) => event(ev)
                         .unwrap_or(BackendEvent::Error("empty event from the worker".into())),
@@ -338,3 +488,6 @@ impl Backend for Dispatcher {
         self.cluster.any_decode_ready()
     }
 }
+
+#[cfg(test)]
+mod tests;

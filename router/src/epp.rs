@@ -61,7 +61,7 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
         .served_model_name
         .clone()
         .unwrap_or_else(|| crate::serve::default_model_name(&config.model));
-    let cluster = Arc::new(Cluster::default());
+    let cluster = Arc::new(Cluster::for_policy(config.policy));
     let prompts = Arc::new(PromptBlocks::default());
     let pool = Arc::new(Pool::new(
         cluster,

@@ -8,7 +8,8 @@
 //!   the API keys and their per-key limits (requests and tokens per minute, concurrency).
 //! - [`tls`]: HTTPS on the OpenAI endpoint (rustls, ALPN h2/http1.1, optional client
 //!   certificates, certificate reload without restart).
-//! - [`place`]: the [`place::Policy`] trait and its policies (`prefix-load`, the default, plus
+//! - [`place`]: the [`place::Policy`] trait and its policies (`prefix-optimistic`, the default:
+//!   `prefix-load`'s cost over the index plus the in-flight overlay [`place::InFlight`]; plus
 //!   `round-robin`, `least-load`, `random` as baselines), the router's view of worker load with
 //!   optimistic accounting ([`place::WorkerView`]), and the typed result [`place::Placement`].
 //!   Prefix affinity comes from `cleave-kv-index`'s [`cleave_kv_index::PrefixIndex`].

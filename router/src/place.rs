@@ -7,7 +7,9 @@
 //! ([`WorkerView::charge`], optimistic accounting) and releases it when prefill is done and when
 //! the request finishes. Policies are pure functions of request and view (plus a seeded RNG for
 //! ties), one per file below:
-//! - [`prefix_load`] (default): lowest `prefill_weight·uncached + queued_prefill_weight·
+//! - [`prefix_optimistic`] (default): `prefix-load` over matches extended with the router's
+//!   in-flight placements ([`in_flight`]);
+//! - [`prefix_load`]: lowest `prefill_weight·uncached + queued_prefill_weight·
 //!   active_prefill + active_decode + new_decode` wins, ties by smaller cached tree, then at random;
 //! - [`round_robin`], [`least_load`], [`random`]: baselines that ignore the prefix cache;
 //! - [`sglang_cache_aware`], [`dynamo_cost`]: the placement of SGLang's router and of Dynamo's KV
@@ -20,6 +22,7 @@
 //! prefill worker is the decode worker itself.
 
 pub mod dynamo_cost;
+pub mod in_flight;
 pub mod least_load;
 pub mod prefix_load;
 pub mod prefix_optimistic;
@@ -34,6 +37,7 @@ mod tests;
 
 use cleave_kv_index::{Matches, WorkerId};
 
+pub use in_flight::{InFlight, Ticket};
 pub use view::{Charge, Load, Role, WorkerState, WorkerView};
 
 /// What a policy needs to know about one request.
@@ -89,8 +93,9 @@ pub struct PlaceConfig {
     /// is compute-bound).
     pub prefill_weight: f64,
     /// Weight of the prefill blocks already queued or running on a worker (ARCHITECTURE.md's
-    /// cost uses `prefill_weight` for both; see [`prefix_load`]). Defaults 16 and 1 were tuned
-    /// on the Mooncake trace with `cleave bench route`.
+    /// cost uses `prefill_weight` for both; see [`prefix_load`]). Defaults 48 and 3 (decode
+    /// blocks weigh 1) were tuned with `cleave bench route --sweep` for `prefix-optimistic`
+    /// (docs/routing.md); 16 and 1 before.
     pub queued_prefill_weight: f64,
     /// Prefill on a separate worker only when at least this many prompt blocks are uncached on
     /// the decode worker (`usize::MAX`: never disaggregate).
@@ -106,8 +111,8 @@ pub struct PlaceConfig {
 impl Default for PlaceConfig {
     fn default() -> Self {
         Self {
-            prefill_weight: 16.0,
-            queued_prefill_weight: 1.0,
+            prefill_weight: 48.0,
+            queued_prefill_weight: 3.0,
             disagg_min_uncached_blocks: 32,
             seed: 0x5eed,
             sglang: sglang_cache_aware::SglangConfig::default(),
@@ -144,8 +149,7 @@ pub trait Policy: Send + Sync {
 #[serde(rename_all = "kebab-case")]
 #[clap(rename_all = "kebab-case")]
 pub enum PolicyKind {
-    /// Prefix affinity weighed against load (the default).
-    #[default]
+    /// Prefix affinity weighed against load, over the KV-event index's matches.
     PrefixLoad,
     /// Healthy workers in turn.
     RoundRobin,
@@ -157,20 +161,21 @@ pub enum PolicyKind {
     SglangCacheAware,
     /// Dynamo KV router's cost function (an anchor for comparison).
     DynamoCost,
-    /// `prefix-load` over matches that include the router's in-flight placements.
+    /// `prefix-load` over matches that include the router's in-flight placements (the default).
+    #[default]
     PrefixOptimistic,
 }
 
 impl PolicyKind {
     /// Every policy, default first.
     pub const ALL: [PolicyKind; 7] = [
+        PolicyKind::PrefixOptimistic,
         PolicyKind::PrefixLoad,
         PolicyKind::RoundRobin,
         PolicyKind::LeastLoad,
         PolicyKind::Random,
         PolicyKind::SglangCacheAware,
         PolicyKind::DynamoCost,
-        PolicyKind::PrefixOptimistic,
     ];
 
     /// The kebab-case name.
@@ -211,8 +216,9 @@ impl PolicyKind {
         matches!(self, PolicyKind::SglangCacheAware)
     }
 
-    /// Whether the policy expects its matches to include the router's placements whose prefill
-    /// is not done yet (on top of the KV-event index): `prefix-optimistic`.
+    /// Whether the policy expects its matches to include the router's placements whose KV events
+    /// have not arrived yet (on top of the KV-event index; [`in_flight::InFlight`], which the
+    /// simulator and the live router's `dispatch::Cluster` both use): `prefix-optimistic`.
     pub fn matches_in_flight(self) -> bool {
         matches!(self, PolicyKind::PrefixOptimistic)
     }

@@ -64,7 +64,7 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
         None => None,
         Some(files) => Some(Arc::new(TlsReloader::load(files).context("TLS")?)),
     };
-    let cluster = Arc::new(Cluster::default());
+    let cluster = Arc::new(Cluster::for_policy(config.policy));
     let mut workers: Vec<(Role, String)> = config
         .prefill
         .iter()

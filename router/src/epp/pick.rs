@@ -20,14 +20,14 @@ use std::sync::Arc;
 
 use cleave_engine::chat::ChatTemplate;
 use cleave_engine::tokenizer::Tokenizer;
-use cleave_kv_index::{Matches, WorkerId};
+use cleave_kv_index::WorkerId;
 
 use super::pool::Pool;
 use super::scrape::PromptBlocks;
 use crate::api::error::ApiError;
 use crate::api::prepare::{self, Endpoint, Tokenize};
-use crate::dispatch::{Cluster, BLOCK_SIZE};
-use crate::place::{Charge, Placement, PlacementRequest, Policy, WorkerView};
+use crate::dispatch::{Reservation, BLOCK_SIZE};
+use crate::place::{Placement, Policy, WorkerView};
 
 /// Why no endpoint was picked.
 #[derive(Debug, thiserror::Error)]
@@ -116,8 +116,7 @@ pub struct Picked {
     pub destinations: Vec<String>,
     /// The primary's worker id.
     pub worker: WorkerId,
-    cluster: Arc<Cluster>,
-    charge: Option<Charge>,
+    reservation: Reservation,
 }
 
 impl std::fmt::Debug for Picked {
@@ -137,17 +136,7 @@ impl Picked {
 
     /// The server started answering: its prefill is done.
     pub fn prefill_done(&mut self) {
-        if let Some(c) = &mut self.charge {
-            self.cluster.view.lock().expect("view").prefill_done(c);
-        }
-    }
-}
-
-impl Drop for Picked {
-    fn drop(&mut self) {
-        if let Some(c) = self.charge.take() {
-            self.cluster.view.lock().expect("view").release(c);
-        }
+        self.reservation.prefill_done();
     }
 }
 
@@ -225,20 +214,12 @@ impl Picker {
     pub async fn pick(&self, req: Request<'_>) -> Result<Picked, PickError> {
         let (tokens, prompt_blocks, decode_blocks) = self.prepare(req).await?;
         let cluster = self.pool.cluster().clone();
-        let matches = if tokens.is_empty() {
-            Matches::default()
-        } else {
-            cluster.matches(&tokens)
-        };
-        let preq = PlacementRequest {
-            prompt_blocks,
-            decode_blocks,
-            matches,
-        };
+        let prepared = cluster.prepare_blocks(&tokens, prompt_blocks, decode_blocks);
+        let preq = &prepared.req;
         let mut view = self.candidates(req.subset)?;
         let mut placement = self
             .policy
-            .place(&preq, &view)
+            .place(preq, &view)
             .map_err(|_| PickError::NoEndpoint)?;
         // Never disaggregate here: the server Envoy sends the request to prefills it.
         placement = Placement {
@@ -252,7 +233,7 @@ impl Picker {
         let mut last = placement.decode;
         for _ in 0..self.config.fallbacks {
             view.remove(last);
-            match self.policy.place(&preq, &view) {
+            match self.policy.place(preq, &view) {
                 Ok(p) => {
                     destinations.push(dest(p.decode)?);
                     last = p.decode;
@@ -260,7 +241,7 @@ impl Picker {
                 Err(_) => break,
             }
         }
-        let charge = cluster.view.lock().expect("view").charge(&preq, &placement);
+        let reservation = cluster.reserve(prepared, &placement);
         if prompt_blocks > 0 {
             self.prompts.observe(prompt_blocks);
         }
@@ -268,8 +249,7 @@ impl Picker {
         Ok(Picked {
             destinations,
             worker: placement.decode,
-            cluster,
-            charge: Some(charge),
+            reservation,
         })
     }
 

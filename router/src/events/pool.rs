@@ -24,8 +24,8 @@ use super::subscribe::{self, Source};
 use crate::api::backend::{
     Backend, BackendError, BackendEvent, BackendRequest, BackendStream, FinishReason,
 };
-use crate::dispatch::Cluster;
-use crate::place::{Charge, PlaceError, Policy, Role};
+use crate::dispatch::{Cluster, Reservation};
+use crate::place::{PlaceError, Policy, Role};
 
 /// One engine pod: where it serves and where it publishes KV events.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -184,21 +184,22 @@ impl Pool {
         &self.cluster
     }
 
-    /// Places a prompt: the chosen pod and the charge now counted against it.
+    /// Places a prompt: the chosen pod and what is now counted against it.
     pub fn place(
         &self,
         prompt: &[u32],
         max_tokens: usize,
-    ) -> Result<(WorkerId, Charge), PlaceError> {
-        let req = self.cluster.placement_request(prompt, max_tokens);
-        let mut view = self.cluster.view.lock().expect("view");
-        let mut placement = self.policy.place(&req, &view)?;
+    ) -> Result<(WorkerId, Reservation), PlaceError> {
+        let prepared = self.cluster.prepare(prompt, max_tokens);
+        let req = &prepared.req;
+        let mut placement = self
+            .policy
+            .place(req, &self.cluster.view.lock().expect("view"))?;
         // Engines prefill what they decode.
         if placement.prefill.take().is_some() {
             placement.cached_blocks = req.matches.matched(placement.decode).min(req.prompt_blocks);
         }
-        let charge = view.charge(&req, &placement);
-        Ok((placement.decode, charge))
+        Ok((placement.decode, self.cluster.reserve(prepared, &placement)))
     }
 
     fn body(&self, req: &BackendRequest) -> serde_json::Value {
@@ -232,28 +233,6 @@ impl Pool {
     }
 }
 
-/// Gives the charge back when the request ends or its stream is dropped.
-struct Release {
-    cluster: Arc<Cluster>,
-    charge: Option<Charge>,
-}
-
-impl Release {
-    fn prefill_done(&mut self) {
-        if let Some(c) = &mut self.charge {
-            self.cluster.view.lock().expect("view").prefill_done(c);
-        }
-    }
-}
-
-impl Drop for Release {
-    fn drop(&mut self) {
-        if let Some(c) = self.charge.take() {
-            self.cluster.view.lock().expect("view").release(c);
-        }
-    }
-}
-
 #[async_trait::async_trait]
 impl Backend for Pool {
     async fn generate(&self, req: BackendRequest) -> Result<BackendStream, BackendError> {
@@ -266,13 +245,9 @@ impl Backend for Pool {
         // An unreachable pod is marked unhealthy and the request placed again (nothing has
         // been streamed yet).
         for _attempt in 0..4 {
-            let (pod, charge) = match self.place(&req.prompt, req.params.max_tokens) {
+            let (pod, release) = match self.place(&req.prompt, req.params.max_tokens) {
                 Ok(p) => p,
                 Err(PlaceError::NoDecodeWorker) => return Err(BackendError::NoWorkers),
-            };
-            let release = Release {
-                cluster: self.cluster.clone(),
-                charge: Some(charge),
             };
             let url = self.urls.get(&pod).ok_or(BackendError::NoWorkers)?;
             tracing::debug!(%pod, %url, "placed on engine pod");
@@ -342,7 +317,7 @@ fn error_message(body: &str) -> String {
 async fn relay(
     resp: reqwest::Response,
     tx: mpsc::Sender<BackendEvent>,
-    mut release: Release,
+    mut release: Reservation,
     prompt_tokens: usize,
 ) {
     let last = relay_until_end(resp, &tx, &mut release, prompt_tokens).await;
@@ -356,7 +331,7 @@ async fn relay(
 async fn relay_until_end(
     mut resp: reqwest::Response,
     tx: &mpsc::Sender<BackendEvent>,
-    release: &mut Release,
+    release: &mut Reservation,
     prompt_tokens: usize,
 ) -> Option<BackendEvent> {
     let mut buf: Vec<u8> = Vec::new();

@@ -1,4 +1,5 @@
-//! `prefix-load`, the default policy: prefix affinity weighed against load.
+//! `prefix-load`: prefix affinity weighed against load (the cost of the default policy,
+//! [`super::prefix_optimistic`], which runs it over matches that include in-flight placements).
 //!
 //! For each healthy decode-capable worker `w`, with its effective load (reports and the
 //! router's optimistic charges, [`super::WorkerView`]):
@@ -22,6 +23,7 @@
 //! to disaggregate, the prefill worker is the prefill-capable worker with the lowest
 //! `prefill_weight · uncached_prompt_blocks + queued_prefill_weight · active_prefill_blocks`,
 //! same tie rules.
+//!
 
 use super::rng::SharedRng;
 use super::{

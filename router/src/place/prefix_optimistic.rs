@@ -9,10 +9,11 @@
 //! prompt's blocks to the chosen worker's matches until that request's prefill is done (when the
 //! worker's own events take over). The cost function is `prefix-load`'s unchanged.
 //!
-//! Live inputs: the policy itself is a pure function of [`PlacementRequest`] and
-//! [`WorkerView`] like every other; the in-flight overlay is computed by the caller
-//! ([`super::PolicyKind::matches_in_flight`]). The simulator does; the live router does not yet
-//! (it passes the KV-event index's matches, so there this policy behaves as `prefix-load`).
+//! Inputs: the policy itself is a pure function of [`PlacementRequest`] and [`WorkerView`] like
+//! every other; the caller extends the matches with [`super::in_flight::InFlight`]
+//! ([`super::PolicyKind::matches_in_flight`]). The simulator and the live router
+//! (`dispatch::Cluster`, for the decode-worker, engine-pod and endpoint-picker paths alike) use
+//! the same overlay, so the policy the simulator measures is the one the router runs.
 
 use super::prefix_load::PrefixLoad;
 use super::{PlaceConfig, PlaceError, Placement, PlacementRequest, Policy, WorkerView};

@@ -63,9 +63,9 @@ fn load_wins_when_the_cached_worker_is_overloaded() {
     v.report(
         WorkerId(1),
         Load {
-            prefill_blocks: 100,
-            decode_blocks: 400,
-            queue_depth: 8,
+            prefill_blocks: 400,
+            decode_blocks: 1600,
+            queue_depth: 32,
         },
     );
     let got = p.place(&req(20, &[0, 20, 0]), &v).unwrap();
