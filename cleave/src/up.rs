@@ -25,8 +25,9 @@ pub struct UpArgs {
     /// KV transport between workers: auto (UCX when available), ucx or tcp.
     #[arg(long, default_value = "auto")]
     pub transport: String,
-    /// Placement policy: prefix-load, round-robin, least-load or random.
-    #[arg(long, default_value = "prefix-load")]
+    /// Placement policy: prefix-optimistic (the router's default), prefix-load, round-robin,
+    /// least-load or random.
+    #[arg(long, default_value = "prefix-optimistic")]
     pub policy: String,
     /// Disaggregate only when at least this many prompt blocks (16 tokens each) are uncached
     /// on the decode worker.

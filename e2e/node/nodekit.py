@@ -78,7 +78,7 @@ def isvc(name, **overrides):
                     "resources": {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}},
         "decode": {"replicas": 1, "threads": 1, "kvBlocks": 512,
                    "resources": {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}},
-        "router": {"replicas": 1, "policy": "prefix-load"},
+        "router": {"replicas": 1, "policy": "prefix-optimistic"},
         "kvTransfer": {"backend": "tcp"},
     }
     for key, value in overrides.items():

@@ -270,8 +270,11 @@ impl Default for RouterSpec {
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
 pub enum Policy {
-    /// Prefix-cache affinity weighed against load.
+    /// `prefix-load` plus the router's own placements whose KV events have not arrived yet
+    /// (the router's default; docs/routing.md).
     #[default]
+    PrefixOptimistic,
+    /// Prefix-cache affinity weighed against load.
     PrefixLoad,
     /// Workers in turn.
     RoundRobin,

@@ -139,7 +139,7 @@ fn config_maps_hold_the_binaries_settings() {
     assert_eq!(dec["UCX_HANDLE_ERRORS"], "none");
     assert!(!cm("chat-prefill").contains_key("CLEAVE_KV_BLOCKS"));
     let router = cm("chat-router");
-    assert_eq!(router["CLEAVE_POLICY"], "prefix-load");
+    assert_eq!(router["CLEAVE_POLICY"], "prefix-optimistic");
     assert_eq!(router["CLEAVE_API_KEYS_FILE"], "/etc/cleave/api-keys/list");
     let r = deployment(&d, "chat-router");
     let args = r
