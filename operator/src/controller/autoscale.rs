@@ -37,11 +37,15 @@ async fn pool_groups(
         ),
         c,
     );
-    let (due, remembered) = {
+    let (due, remembered, last_record) = {
         let s = ctx.scaler.lock().unwrap();
         let m = s.get(&key);
-        let due = m.is_none_or(|(_, at, _)| now >= at + u64::from(policy.period_seconds));
-        (due, m.and_then(|m| m.2))
+        let due = m.is_none_or(|m| now >= m.at + u64::from(policy.period_seconds));
+        (
+            due,
+            m.and_then(|m| m.groups),
+            m.and_then(|m| m.record.clone()),
+        )
     };
     // A reconcile between periods may see a cached object whose status predates the last
     // decision: what this process decided last wins over it, or the pool would flip back.
@@ -53,7 +57,7 @@ async fn pool_groups(
     if !due {
         return Ok((
             current.clamp(bounds.min_replicas, bounds.max_replicas),
-            None,
+            last_record,
         ));
     }
     let ns = isvc.namespace().unwrap_or_default();
@@ -67,24 +71,24 @@ async fn pool_groups(
     };
     let decision = {
         let mut s = ctx.scaler.lock().unwrap();
-        let entry = s.entry(key).or_default();
-        prune(&mut entry.0, policy, now);
+        let entry = s.entry(key.clone()).or_default();
+        prune(&mut entry.history, policy, now);
         let d = decide(&ScaleInput {
             current,
             min: bounds.min_replicas,
             max: bounds.max_replicas,
             queue_depth: depth,
             policy,
-            history: &entry.0,
+            history: &entry.history,
             now,
         });
-        entry.0.push((now, d.recommended));
-        entry.1 = now;
-        entry.2 = Some(d.to);
+        entry.history.push((now, d.recommended));
+        entry.at = now;
+        entry.groups = Some(d.to);
         d
     };
     if decision.to == current {
-        return Ok((current, None));
+        return Ok((current, last_record));
     }
     ctx.metrics.scale_decisions.inc();
     let record = ScaleDecisionStatus {
@@ -103,6 +107,9 @@ async fn pool_groups(
         decision.reason
     );
     event(ctx, isvc, EventType::Normal, "Scaled", note).await;
+    if let Some(m) = ctx.scaler.lock().unwrap().get_mut(&key) {
+        m.record = Some(record.clone());
+    }
     Ok((decision.to, Some(record)))
 }
 
@@ -128,5 +135,10 @@ pub async fn groups(
         st.map(|s| &s.decode),
     )
     .await?;
-    Ok((p, d, dd.or(pd)))
+    // The later of the two pools' decisions (RFC 3339 times in one format order as text).
+    let last = match (pd, dd) {
+        (Some(a), Some(b)) => Some(if a.time > b.time { a } else { b }),
+        (a, b) => a.or(b),
+    };
+    Ok((p, d, last))
 }

@@ -37,10 +37,21 @@ pub struct Settings {
     pub fetch_image: String,
 }
 
-/// Recent recommendations of one pool, the unix time of its last decision, and the group
-/// count this process last decided (newer than the status of a cached, not yet updated
-/// object; a new leader starts from the status).
-type ScalerMemory = (Vec<Recommendation>, u64, Option<i32>);
+/// What the autoscaler remembers of one pool. The group count and decision this process last
+/// made are newer than the status of a cached object that has not seen its own status write
+/// yet; a reconcile of such an object must neither flip the pool back nor the recorded
+/// decision (a new leader starts from the status).
+#[derive(Default)]
+struct ScalerMemory {
+    /// Recent recommendations.
+    history: Vec<Recommendation>,
+    /// Unix time of the last decision.
+    at: u64,
+    /// The group count last decided.
+    groups: Option<i32>,
+    /// The last decision that changed it.
+    record: Option<crate::crd::ScaleDecisionStatus>,
+}
 
 /// Shared reconciler state.
 pub struct Ctx {

@@ -97,7 +97,9 @@ pub fn deployment(
             },
             // One new pod at a time, and never one fewer than wanted: a pool of one (the usual
             // decode or router count on CPUs) keeps its pod until the replacement is Ready, so
-            // there is always a routable worker during a rollout.
+            // there is always a routable worker during a rollout. The replacement counts as
+            // available only MIN_READY_SECONDS after it is Ready: time for routers to discover
+            // a new worker (and a new router its workers) before the old pod goes.
             strategy: Some(DeploymentStrategy {
                 type_: Some("RollingUpdate".into()),
                 rolling_update: Some(RollingUpdateDeployment {
@@ -106,11 +108,15 @@ pub fn deployment(
                 }),
             }),
             template,
+            min_ready_seconds: Some(MIN_READY_SECONDS),
             ..Default::default()
         }),
         ..Default::default()
     }
 }
+
+/// Seconds a new pod must be Ready before a rollout removes an old one.
+pub const MIN_READY_SECONDS: i32 = 5;
 
 /// StatefulSet of one multi-node group: `size` pods started and replaced together
 /// (Parallel pod management; the group index is a label).
