@@ -9,6 +9,10 @@ import time
 
 import pytest
 
+# The node tier has its own conftest and runs on its own (`pytest --confcutdir e2e/node e2e/node`,
+# as scripts/test does): collected together, two modules named `conftest` would clash.
+collect_ignore = ["node"]
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
