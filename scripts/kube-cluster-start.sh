@@ -207,19 +207,7 @@ cmd_stop() {
   local dir=$1
   [ -d "$dir" ] || die "$dir: no such directory"
   node_stop "$dir"
-  local n pid
-  for n in kube-controller-manager kube-apiserver etcd; do
-    [ -f "$dir/$n.pid" ] || continue
-    pid=$(cat "$dir/$n.pid")
-    if kill -0 "$pid" 2>/dev/null; then
-      kill "$pid" 2>/dev/null || true
-      for _ in $(seq 1 50); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.2
-      done
-      kill -9 "$pid" 2>/dev/null || true
-    fi
-    rm -f "$dir/$n.pid"
-  done
+  local n
+  for n in kube-controller-manager kube-apiserver etcd; do stop_pid "$dir" "$n"; done
   log "stopped the cluster in $dir"
 }
