@@ -132,6 +132,29 @@ def router_base_url(node, ns, name):
     return f"http://{svc['spec']['clusterIP']}:{port}/v1"
 
 
+class BenchServe:
+    """Open-loop load from `cleave bench serve` in the background: Poisson arrivals at `rate`
+    req/s of `input_len` random prompt tokens (no shared prefix, so nothing is a cache hit), `rate *
+    duration` of them (so about `duration` seconds of arrivals: the prompts are made up front); `result()` waits for every request to end and returns the load point's
+    stats (requests, ok, errors by kind, TTFT/ITL/E2E)."""
+
+    def __init__(self, base_url, model, rate, duration, input_len, output_len):
+        self.proc = subprocess.Popen(
+            [os.path.join(ROOT, "target", "debug", "cleave"), "bench", "serve", "--url", base_url,
+             "--model", model, "--rate", str(rate), "--requests", str(max(1, round(rate * duration))),
+             "--input-len", str(input_len), "--input-spread", "0", "--output-len", str(output_len),
+             "--prefix-fraction", "0", "--warmup", "0", "--metrics", "none", "--timeout", "240",
+             "--json", "--no-progress"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+
+    def result(self, timeout=400):
+        out, err = self.proc.communicate(timeout=timeout)
+        if self.proc.returncode != 0:
+            raise AssertionError(f"cleave bench serve exited {self.proc.returncode}:\n{err[-3000:]}")
+        return json.loads(out)["points"][0]["stats"]
+
+
 def cleave_generate(prompt, max_tokens):
     out = subprocess.run(
         [os.path.join(ROOT, "target", "debug", "cleave"), "generate", "--prompt", prompt,
