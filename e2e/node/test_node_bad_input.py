@@ -3,11 +3,10 @@
 
 import json
 import os
-import shutil
 
 import pytest
 
-from nodekit import MODEL_PATH, ROOT, isvc
+from nodekit import ROOT, isvc
 
 
 def condition(node, ns, name, type_="Ready"):
@@ -59,25 +58,6 @@ def test_a_path_missing_from_the_model_image_is_named(node, operator, namespace)
     node.apply(spec, namespace)
     c = wait_reason(node, namespace, "bad", "ContainerFailing")
     assert "copy-model" in c["message"] and "/models/not-in-the-image.gguf" in c["message"], c
-
-
-def test_the_model_from_a_host_path(node, operator, namespace):
-    """The other way users deliver the model: a folder on the node (hostPath)."""
-    folder = os.path.join(node.dir, "models")
-    os.makedirs(folder, exist_ok=True)
-    src = os.path.join(os.path.expanduser("~"), ".cache", "cleave", "models", os.path.basename(MODEL_PATH))
-    if not os.path.exists(os.path.join(folder, os.path.basename(MODEL_PATH))):
-        shutil.copy(src, folder)
-    os.chmod(folder, 0o755)
-    spec = isvc("hostpath", **one_decode())
-    spec["spec"]["model"]["source"] = {"path": {"path": os.path.join(folder, os.path.basename(MODEL_PATH))}}
-    node.apply(spec, namespace)
-
-    def ready():
-        c = condition(node, namespace, "hostpath")
-        return c if c and c["status"] == "True" else None
-
-    node.wait_for("isvc hostpath Ready", ready, timeout=240)
 
 
 def test_a_memory_limit_below_the_model_surfaces_oom_killed(node, operator, namespace):
