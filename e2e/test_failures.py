@@ -19,8 +19,9 @@ from conftest import free_port
 
 
 class Proc:
-    def __init__(self, cleave_bin, *args):
-        self.p = subprocess.Popen([cleave_bin, *args], stdout=subprocess.PIPE, text=True)
+    def __init__(self, cleave_bin, *args, env=None):
+        self.p = subprocess.Popen([cleave_bin, *args], stdout=subprocess.PIPE, text=True,
+                                  env={**os.environ, **(env or {})})
         line = self.p.stdout.readline()
         if not line:
             raise RuntimeError(f"{args[0]} exited with {self.p.wait()}")
@@ -59,8 +60,8 @@ def wait_until(cond, timeout=30, what="condition"):
 def fleet(cleave_bin):
     procs = []
 
-    def worker(role):
-        p = Proc(cleave_bin, "worker", "--role", role, "--kv-blocks", "256", "--model", model_path(cleave_bin))
+    def worker(role, env=None):
+        p = Proc(cleave_bin, "worker", "--role", role, "--kv-blocks", "256", "--model", model_path(cleave_bin), env=env)
         procs.append(p)
         return p
 
@@ -79,6 +80,7 @@ def fleet(cleave_bin):
         time.sleep(0.5)
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
         client.model = client.models.list().data[0].id
+        client._cleave_router = r
         return client
 
     yield worker, router
@@ -125,10 +127,10 @@ def test_dead_prefill_worker_means_local_prefill_and_no_leak(fleet):
     wait_until(lambda: metric(d, "cleave_kv_blocks_used") == 0, what="decode worker blocks back to 0")
 
 
-def test_dead_decode_worker_ends_its_stream_with_an_error_and_is_avoided(fleet):
+def test_dead_decode_worker_with_migration_off_ends_its_stream_with_an_error_and_is_avoided(fleet):
     worker, router = fleet
     d1, d2 = worker("decode"), worker("decode")
-    client = router([], [d1, d2])
+    client = router([], [d1, d2], "--migration-limit", "0")
     stream = client.completions.create(model=client.model, prompt="Once upon a time", max_tokens=2000, temperature=0, stream=True, extra_body={"ignore_eos": True})
     it = iter(stream)
     next(it)
@@ -144,6 +146,66 @@ def test_dead_decode_worker_ends_its_stream_with_an_error_and_is_avoided(fleet):
         r = client.completions.create(model=client.model, prompt=f"Request {i}: hello", max_tokens=4, temperature=0)
         assert r.usage.completion_tokens == 4
     wait_until(lambda: metric(survivor, "cleave_kv_blocks_used") == 0, what="survivor blocks back to 0")
+
+
+def stream_completion(client, prompt, **kw):
+    """Streams one completion: (text, chunk ids, finish reason, usage)."""
+    text, ids, finish, usage = "", set(), None, None
+    for chunk in client.completions.create(model=client.model, prompt=prompt, stream=True,
+                                           stream_options={"include_usage": True}, **kw):
+        ids.add(chunk.id)
+        if chunk.choices:
+            text += chunk.choices[0].text
+            finish = chunk.choices[0].finish_reason or finish
+        if chunk.usage:
+            usage = chunk.usage
+    return text, ids, finish, usage
+
+
+MIGRATED = [dict(prompt=f"Story {i}: once upon a time, in a land far away,", max_tokens=24, temperature=0)
+            for i in range(6)] + [dict(prompt=f"Poem {i}: the sea at night", max_tokens=24, temperature=0.9, seed=1234)
+                                  for i in range(2)]
+
+
+def test_decode_worker_dying_mid_stream_migrates_its_streams_which_go_on_unchanged(fleet):
+    """The fault point `decode.tokens_streamed=5` makes the victim exit (status 86) once one of
+    its streams has sent 5 tokens: its streams are in flight, mid-stream. With round-robin
+    placement over [victim, survivor], 4 of the 8 concurrent streams are on the victim; every
+    stream must end as an uninterrupted run on the survivor alone does (greedy and seeded
+    sampling), with one response id and usage counting every token once."""
+    worker, router = fleet
+    survivor = worker("decode")
+    reference = router([], [survivor])
+    want = [stream_completion(reference, extra_body={"ignore_eos": True}, **r) for r in MIGRATED]
+    victim = worker("decode", env={"CLEAVE_FAULT": "decode.tokens_streamed=5"})
+    client = router([], [victim, survivor], "--policy", "round-robin")
+    got = [None] * len(MIGRATED)
+
+    def one(i):
+        try:
+            got[i] = stream_completion(client, extra_body={"ignore_eos": True}, **MIGRATED[i])
+        except Exception as e:  # noqa: BLE001 - reported below
+            got[i] = e
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(MIGRATED))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=180)
+    assert victim.p.wait(timeout=30) == 86, "the fault point did not stop the victim"
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert not isinstance(g, Exception), f"stream {i} failed: {g!r}"
+        text, ids, finish, usage = g
+        assert text == w[0], f"stream {i}: {text!r} != uninterrupted {w[0]!r}"
+        assert len(ids) == 1 and finish == "length", (ids, finish)
+        assert (usage.prompt_tokens, usage.completion_tokens) == (w[3].prompt_tokens, 24), usage
+    migrations = metric(client_router(client), "cleave_router_migrations_total")
+    assert migrations and migrations >= 1, migrations
+    wait_until(lambda: metric(survivor, "cleave_kv_blocks_used") == 0, what="survivor blocks back to 0")
+
+
+def client_router(client):
+    return client._cleave_router
 
 
 def test_over_capacity_gives_429_with_retry_after_not_timeouts(fleet):

@@ -489,6 +489,7 @@ pub fn ttft_breakdown(
                     ..Default::default()
                 }),
                 prefill_endpoint: format!("http://{}", prefill.grpc_addr),
+                resume: Vec::new(),
             };
             let mut stream = client.generate(req).await?.into_inner();
             while let Some(ev) = stream.message().await? {

@@ -56,7 +56,9 @@ impl DecodeWorker for Decode {
         let req = request.into_inner();
         let params = cleave_worker::convert::sampling(req.params)?;
         // A tensor-parallel group names every rank's region (cleave_worker::rank_kv).
-        let remote = !req.prefill_endpoint.is_empty();
+        // A migrated request (resume tokens) is prefilled here: the prefill worker would sample
+        // its next token without the output state the resumed tokens built.
+        let remote = !req.prefill_endpoint.is_empty() && req.resume.is_empty();
         let mode = if remote {
             PrefillMode::Import
         } else {
@@ -68,6 +70,7 @@ impl DecodeWorker for Decode {
                 prompt: req.prompt.clone(),
                 params: params.clone(),
                 mode,
+                resume: req.resume.clone(),
             })
             .map_err(cleave_worker::convert::submit_error)?;
         let (tx, out) = tokio::sync::mpsc::channel(64);
@@ -87,6 +90,7 @@ impl DecodeWorker for Decode {
                 let mut import: Option<tokio::task::JoinHandle<()>> = None;
                 let mut disaggregated = false;
                 let (mut admitted, mut first_token) = (None, None);
+                let mut streamed = 0u64;
                 let (timing_tx, mut timing_rx) = tokio::sync::oneshot::channel();
                 let mut timing_tx = Some(timing_tx);
                 while let Some(ev) = rx.recv().await {
@@ -138,6 +142,7 @@ impl DecodeWorker for Decode {
                         }),
                         _ => None,
                     };
+                    let token = matches!(ev, SeqEvent::Token { .. });
                     if let Some(e) = cleave_worker::convert::generate_event(ev, disaggregated, ttft)
                     {
                         if tx.send(Ok(e)).await.is_err() {
@@ -145,6 +150,10 @@ impl DecodeWorker for Decode {
                             engine.cancel(id);
                             break;
                         }
+                    }
+                    if token {
+                        streamed += 1;
+                        cleave_worker::fault::point("decode.tokens_streamed", streamed);
                     }
                     if done {
                         break;

@@ -58,6 +58,11 @@ pub struct GenerateRequest {
     pub params: SamplingParams,
     /// Where the prompt's KV comes from (local by default; export/import for disaggregation).
     pub mode: PrefillMode,
+    /// Tokens this request already generated elsewhere (a migrated request whose decode worker
+    /// failed mid-stream): they are computed as context and fed to the output state (decoder,
+    /// stop strings, grammar, the RNG's position) without being streamed again, and count
+    /// towards `max_tokens` and the usage's completion tokens. Only with [`PrefillMode::Local`].
+    pub resume: Vec<u32>,
 }
 
 impl GenerateRequest {
@@ -67,6 +72,7 @@ impl GenerateRequest {
             prompt,
             params,
             mode: PrefillMode::Local,
+            resume: Vec::new(),
         }
     }
 }
@@ -220,7 +226,7 @@ pub struct EngineStats {
 pub(crate) enum Command {
     Submit {
         id: SeqId,
-        req: GenerateRequest,
+        req: Box<GenerateRequest>,
         /// The compiled `req.params.constraint`, if any.
         constraint: Option<Box<ConstraintState>>,
         events: UnboundedSender<SeqEvent>,
@@ -358,8 +364,27 @@ impl Engine {
             return Err(EngineError::EmptyPrompt);
         }
         req.params.validate().map_err(EngineError::BadParams)?;
-        if let Some(&bad) = req.prompt.iter().find(|&&t| t as usize >= self.vocab) {
+        if let Some(&bad) = req
+            .prompt
+            .iter()
+            .chain(&req.resume)
+            .find(|&&t| t as usize >= self.vocab)
+        {
             return Err(EngineError::BadToken(bad));
+        }
+        if !req.resume.is_empty() {
+            if req.mode != PrefillMode::Local {
+                return Err(EngineError::BadParams(
+                    "a resumed request is prefilled locally".into(),
+                ));
+            }
+            if req.resume.len() >= req.params.max_tokens {
+                return Err(EngineError::BadParams(format!(
+                    "{} tokens to resume from, max_tokens {}: nothing is left to generate",
+                    req.resume.len(),
+                    req.params.max_tokens
+                )));
+            }
         }
         if req.prompt.len() + req.params.max_tokens > self.limit {
             return Err(EngineError::TooLong {
@@ -384,7 +409,7 @@ impl Engine {
         self.tx
             .send(Command::Submit {
                 id,
-                req,
+                req: Box::new(req),
                 constraint,
                 events,
             })

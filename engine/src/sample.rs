@@ -50,6 +50,11 @@ impl Default for SamplingParams {
 }
 
 impl SamplingParams {
+    /// Whether a token costs one random draw (greedy and top-k 1 take none).
+    pub fn draws(&self) -> bool {
+        self.temperature > 0.0 && self.top_k != 1
+    }
+
     /// Checks value ranges; the error names the field.
     pub fn validate(&self) -> Result<(), String> {
         if !(0.0..=2.0).contains(&self.temperature) || self.temperature.is_nan() {
@@ -106,6 +111,11 @@ impl Rng {
         z ^ (z >> 31)
     }
 
+    /// Jumps ahead as if `n` values had been drawn (SplitMix64's state is a counter).
+    pub fn skip(&mut self, n: u64) {
+        self.0 = self.0.wrapping_add(n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    }
+
     /// Uniform in [0, 1).
     pub fn next_f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
@@ -157,6 +167,12 @@ impl Sampler {
         }
     }
 
+    /// Skips the random draws of `tokens` sampled tokens (one draw each when temperature > 0):
+    /// a migrated request continues from the same RNG position.
+    pub fn skip(&mut self, tokens: u64) {
+        self.rng.skip(tokens);
+    }
+
     /// Picks the next token from `logits` and, if asked, its log-probabilities.
     pub fn sample(&mut self, logits: &[f32], p: &SamplingParams) -> (u32, Option<TokenLogprob>) {
         self.sample_masked(logits, p, None)
@@ -172,11 +188,11 @@ impl Sampler {
         allowed: Option<&SimpleVob>,
     ) -> (u32, Option<TokenLogprob>) {
         let token = match allowed {
-            None if p.temperature <= 0.0 || p.top_k == 1 => argmax(logits),
+            None if !p.draws() => argmax(logits),
             None => self.sample_random(logits, p, |_| true),
             Some(m) => {
                 let ok = |i: u32| (i as usize) < m.len() && m.is_allowed(i);
-                if p.temperature <= 0.0 || p.top_k == 1 {
+                if !p.draws() {
                     argmax_where(logits, ok)
                 } else {
                     self.sample_random(logits, p, ok)

@@ -116,6 +116,16 @@ impl Sequence {
         }
     }
 
+    /// Continues after `tokens` generated elsewhere (a migrated request): they join the
+    /// sequence as generated tokens still to be computed, like a sequence preempted by
+    /// recomputation, and the sampler's RNG skips the draws they used.
+    pub fn resume(&mut self, tokens: &[u32]) {
+        self.tokens.extend_from_slice(tokens);
+        if self.params.draws() {
+            self.sampler.skip(tokens.len() as u64);
+        }
+    }
+
     /// Tokens generated so far.
     pub fn generated(&self) -> usize {
         self.tokens.len() - self.prompt_len
@@ -234,6 +244,11 @@ impl Scheduler {
         s.computed = s.prompt_len;
         commit_full_blocks(&mut self.pool, &self.config, &mut s);
         s.tokens.push(first_token);
+        // The prefill worker drew the first token with the same seed: the next draw here is
+        // the second, as in a locally prefilled run (and a migration's skip counts every token).
+        if s.params.draws() {
+            s.sampler.skip(1);
+        }
         self.running.push(s);
         Some(self.running.len() - 1)
     }

@@ -57,6 +57,7 @@ async fn disaggregated(
         prompt: prompt.clone(),
         params: params.clone(),
         mode,
+        resume: Vec::new(),
     };
     let (did, mut drx) = decode.submit(req(PrefillMode::Import)).unwrap();
     let (dst, cached) = match drx.recv().await {
@@ -180,6 +181,7 @@ async fn missing_kv_falls_back_to_local_prefill_or_aborts_without_leaks() {
         prompt: prompt.clone(),
         params: greedy(12),
         mode: PrefillMode::Import,
+        resume: Vec::new(),
     };
     // Fallback: the decode engine computes the prompt itself.
     let (id, mut rx) = d.submit(import.clone()).unwrap();
@@ -213,6 +215,7 @@ async fn missing_kv_falls_back_to_local_prefill_or_aborts_without_leaks() {
             prompt,
             params: greedy(1),
             mode: PrefillMode::Export,
+            resume: Vec::new(),
         })
         .unwrap();
     drop(prx);
@@ -286,6 +289,7 @@ async fn a_first_token_outside_the_grammar_aborts_only_its_request() {
         prompt: tok.encode("Pick a number:", false),
         params,
         mode: PrefillMode::Import,
+        resume: Vec::new(),
     };
     let (id, mut rx) = d.submit(req).unwrap();
     assert!(matches!(rx.recv().await, Some(SeqEvent::KvNeeded { .. })));

@@ -110,6 +110,7 @@ pub async fn run(
             prompt: req.prompt,
             params,
             mode: PrefillMode::Export,
+            resume: Vec::new(),
         })
         .map_err(cleave_worker::convert::submit_error)?;
     let cancel = CancellationToken::new();

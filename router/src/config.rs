@@ -44,6 +44,11 @@ pub struct RouterConfig {
     /// decode worker; shorter prompts are prefilled where they decode.
     #[arg(long, env = "CLEAVE_DISAGG_MIN_UNCACHED_BLOCKS", default_value_t = 9)]
     pub disagg_min_uncached_blocks: usize,
+    /// How many times one request may move to another decode worker when its worker fails
+    /// mid-stream (the stream goes on from where it was; 0 turns migration off: the stream ends
+    /// in an error).
+    #[arg(long, env = "CLEAVE_MIGRATION_LIMIT", default_value_t = crate::dispatch::DEFAULT_MIGRATION_LIMIT)]
+    pub migration_limit: usize,
     /// A file with one accepted API key per line, each optionally followed by its limits
     /// (`KEY rpm=N tpm=N concurrency=N name=LABEL`, docs/security.md); enables
     /// `Authorization: Bearer` checks. Reloaded when it changes.

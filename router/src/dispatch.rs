@@ -298,42 +298,96 @@ impl Drop for Reservation {
     }
 }
 
+/// Migrations per request by default: how many times a stream whose decode worker failed
+/// mid-stream is moved to another one.
+pub const DEFAULT_MIGRATION_LIMIT: usize = 3;
+
 /// The dispatcher: a [`Backend`] over the cluster's workers.
 pub struct Dispatcher {
+    inner: Arc<Inner>,
+}
+
+/// What placing and opening a stream needs; shared with the streams, which place again when
+/// they migrate.
+pub(crate) struct Inner {
     cluster: Arc<Cluster>,
     policy: Box<dyn Policy>,
     model: String,
     metrics: Option<Arc<RouterMetrics>>,
+    migration_limit: usize,
 }
 
 impl Dispatcher {
     /// A dispatcher placing with `policy` and serving `model`.
     pub fn new(cluster: Arc<Cluster>, policy: Box<dyn Policy>, model: String) -> Self {
         Dispatcher {
-            cluster,
-            policy,
-            model,
-            metrics: None,
+            inner: Arc::new(Inner {
+                cluster,
+                policy,
+                model,
+                metrics: None,
+                migration_limit: DEFAULT_MIGRATION_LIMIT,
+            }),
         }
     }
 
-    /// Counts placements in `cleave_router_placements_total{policy,mode}`.
+    fn inner_mut(&mut self) -> &mut Inner {
+        Arc::get_mut(&mut self.inner).expect("configured before the first request")
+    }
+
+    /// Counts placements in `cleave_router_placements_total{policy,mode}` (and migrations).
     pub fn with_metrics(mut self, metrics: Arc<RouterMetrics>) -> Self {
-        self.metrics = Some(metrics);
+        self.inner_mut().metrics = Some(metrics);
         self
     }
 
-    /// Places `prompt` and counts it against its workers (load charge, in-flight blocks).
+    /// How many times one request may move to another decode worker after its worker failed
+    /// mid-stream (0: never; the stream then ends in an error).
+    pub fn with_migration_limit(mut self, limit: usize) -> Self {
+        self.inner_mut().migration_limit = limit;
+        self
+    }
+}
+
+/// A decode worker's event stream, first event included.
+pub(crate) type WorkerStream = std::pin::Pin<
+    Box<dyn tokio_stream::Stream<Item = Result<pb::GenerateEvent, tonic::Status>> + Send>,
+>;
+
+/// An opened stream: its events, what it holds against the worker's load, and the worker.
+pub(crate) struct Opened {
+    pub stream: WorkerStream,
+    pub reservation: Reservation,
+    pub decode: WorkerId,
+}
+
+impl Inner {
+    /// Places `prompt` and counts it against its workers (load charge, in-flight blocks). A
+    /// resumed request (`resume` not empty) is placed with its generated tokens as context and
+    /// prefilled on its decode worker.
     fn place(
         &self,
         prompt: &[u32],
         max_tokens: usize,
+        resumed: bool,
     ) -> Result<(Placement, Reservation), PlaceError> {
         let prepared = self.cluster.prepare(prompt, max_tokens);
-        let placement = self
+        let mut placement = self
             .policy
             .place(&prepared.req, &self.cluster.view.lock().expect("view"))?;
+        if resumed {
+            placement.prefill = None;
+        }
         Ok((placement, self.cluster.reserve(prepared, &placement)))
+    }
+
+    /// Marks a decode worker unhealthy: it is not placed on until discovery says otherwise.
+    pub(crate) fn set_unhealthy(&self, id: WorkerId) {
+        self.cluster
+            .view
+            .lock()
+            .expect("view")
+            .set_healthy(id, false);
     }
 }
 
@@ -376,17 +430,29 @@ fn aborted_before_any_token(ev: &pb::GenerateEvent) -> Option<&str> {
     }
 }
 
-#[async_trait::async_trait]
-impl Backend for Dispatcher {
-    async fn generate(&self, req: BackendRequest) -> Result<BackendStream, BackendError> {
-        // Try the placement; a decode worker that cannot be reached is marked unhealthy and the
-        // request is placed again (nothing has been streamed yet).
+impl Inner {
+    /// Places the request (after `resume`, the tokens it already generated, if it migrates) and
+    /// opens its stream on the decode worker. A worker that fails before its first event has
+    /// streamed nothing: it is marked unhealthy and the request is placed again.
+    pub(crate) async fn open(
+        &self,
+        req: &BackendRequest,
+        resume: &[u32],
+    ) -> Result<Opened, BackendError> {
+        let context: Vec<u32>;
+        let prompt = if resume.is_empty() {
+            &req.prompt
+        } else {
+            context = [req.prompt.as_slice(), resume].concat();
+            &context
+        };
+        let max_tokens = req.params.max_tokens.saturating_sub(resume.len());
         for _attempt in 0..4 {
-            let (placement, mut reservation) = match self.place(&req.prompt, req.params.max_tokens)
-            {
-                Ok(p) => p,
-                Err(PlaceError::NoDecodeWorker) => return Err(BackendError::NoWorkers),
-            };
+            let (placement, mut reservation) =
+                match self.place(prompt, max_tokens, !resume.is_empty()) {
+                    Ok(p) => p,
+                    Err(PlaceError::NoDecodeWorker) => return Err(BackendError::NoWorkers),
+                };
             let decode = self
                 .cluster
                 .get(placement.decode)
@@ -416,6 +482,7 @@ impl Backend for Dispatcher {
                 prompt: req.prompt.clone(),
                 params: Some(cleave_proto::convert::sampling_to_wire(&req.params)),
                 prefill_endpoint,
+                resume: resume.to_vec(),
             });
             if let Ok(v) = req.request_id.parse() {
                 call.metadata_mut().insert("x-request-id", v);
@@ -454,40 +521,45 @@ impl Backend for Dispatcher {
                 }
                 Err(s) => {
                     tracing::warn!(worker = %placement.decode, error = %s.message(), "decode worker failed before its first event: placing the request again");
-                    self.cluster
-                        .view
-                        .lock()
-                        .expect("view")
-                        .set_healthy(placement.decode, false);
+                    self.set_unhealthy(placement.decode);
                     continue;
                 }
             };
             // The first event is the first token: the prefill is done.
             reservation.prefill_done();
-            let stream = tokio_stream::once(Ok(first)).chain(stream);
-            let out = stream.map(move |item| {
-                let _keep = &reservation;
-                match item {
-                    Ok(ev) => event(ev)
-                        .unwrap_or(BackendEvent::Error("empty event from the worker".into())),
-                    Err(s) => BackendEvent::Error(format!("decode worker failed: {}", s.message())),
-                }
+            return Ok(Opened {
+                stream: Box::pin(tokio_stream::once(Ok(first)).chain(stream)),
+                reservation,
+                decode: placement.decode,
             });
-            return Ok(Box::pin(out));
         }
         Err(BackendError::Unavailable(
             "no decode worker answered".into(),
         ))
     }
+}
+
+#[async_trait::async_trait]
+impl Backend for Dispatcher {
+    async fn generate(&self, req: BackendRequest) -> Result<BackendStream, BackendError> {
+        let opened = self.inner.open(&req, &[]).await?;
+        Ok(Box::pin(migrate::Migrating::new(
+            self.inner.clone(),
+            req,
+            opened,
+        )))
+    }
 
     fn model_name(&self) -> &str {
-        &self.model
+        &self.inner.model
     }
 
     fn ready(&self) -> bool {
-        self.cluster.any_decode_ready()
+        self.inner.cluster.any_decode_ready()
     }
 }
+
+mod migrate;
 
 #[cfg(test)]
 mod tests;

@@ -111,7 +111,8 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
         )?),
         None => Arc::new(
             Dispatcher::new(cluster.clone(), config.policy.build(&place), model_name)
-                .with_metrics(metrics.clone()),
+                .with_metrics(metrics.clone())
+                .with_migration_limit(config.migration_limit),
         ),
     };
     let admission = Admission::new(

@@ -22,6 +22,7 @@
 pub mod config;
 pub mod convert;
 pub mod duration;
+pub mod fault;
 pub mod follower;
 pub mod group;
 pub mod kv_addr;

@@ -91,6 +91,7 @@ async fn generate(
         prefill_endpoint: prefill
             .map(|p| format!("http://{}", p.grpc_addr))
             .unwrap_or_default(),
+        resume: Vec::new(),
     };
     let mut stream = client.generate(req).await.unwrap().into_inner();
     let mut ids = Vec::new();
@@ -218,6 +219,7 @@ async fn unreachable_prefill_worker_falls_back_to_local_prefill() {
         prompt: prompt.clone(),
         params: Some(greedy(8)),
         prefill_endpoint: format!("http://{dead}"),
+        resume: Vec::new(),
     };
     let mut stream = client.generate(req).await.unwrap().into_inner();
     let mut ids = Vec::new();

@@ -236,6 +236,7 @@ pub async fn generate_via(
         prompt: prompt.to_vec(),
         params: Some(greedy(n)),
         prefill_endpoint: prefill.to_string(),
+        resume: Vec::new(),
     };
     let mut stream = client
         .generate(req)

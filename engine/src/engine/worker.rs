@@ -34,6 +34,22 @@ struct Output {
 }
 
 impl Output {
+    /// Brings the output state to where it was after `tokens` were generated and streamed (a
+    /// migrated request): the text they spelled is dropped (the client has it) except what the
+    /// decoder or the stop matcher still holds back, which is streamed with the next tokens as
+    /// it would have been. The grammar takes them too.
+    fn resume(&mut self, tok: &Tokenizer, tokens: &[u32]) {
+        for &t in tokens {
+            if let Some(c) = self.constraint.as_deref_mut() {
+                if let Err(e) = c.consume(t) {
+                    tracing::warn!(error = %e, "resumed tokens do not match the grammar");
+                }
+            }
+            let piece = self.decoder.push(tok, t);
+            let _ = self.stop.push(&piece);
+        }
+    }
+
     /// The text still held back (by the decoder or the stop matcher) when a sequence ends.
     fn tail(&mut self) -> String {
         let rest = self.decoder.finish();
@@ -170,22 +186,20 @@ impl Worker {
                 events,
             } => {
                 let stop = StopMatcher::new(req.params.stop.clone());
-                self.outputs.insert(
-                    id,
-                    Output {
-                        events,
-                        decoder: StreamDecoder::new(),
-                        stop,
-                        constraint,
-                    },
-                );
-                self.sched.add(Sequence::new(
-                    id,
-                    req.prompt,
-                    req.params,
-                    self.arrivals,
-                    req.mode,
-                ));
+                let mut out = Output {
+                    events,
+                    decoder: StreamDecoder::new(),
+                    stop,
+                    constraint,
+                };
+                let req = *req;
+                let mut seq = Sequence::new(id, req.prompt, req.params, self.arrivals, req.mode);
+                if !req.resume.is_empty() {
+                    out.resume(&self.tokenizer, &req.resume);
+                    seq.resume(&req.resume);
+                }
+                self.outputs.insert(id, out);
+                self.sched.add(seq);
                 self.arrivals += 1;
             }
             Command::Cancel(id) => {

@@ -111,6 +111,9 @@ pub struct RouterMetrics {
     /// `cleave_router_placements_total{policy,mode}`: placement decisions; incremented by the
     /// dispatch side.
     pub placements: Family<PlacementLabels, Counter>,
+    /// `cleave_router_migrations_total`: streams moved to another decode worker after theirs
+    /// failed mid-stream; incremented by the dispatch side.
+    pub migrations: Counter,
 }
 
 impl RouterMetrics {
@@ -126,6 +129,7 @@ impl RouterMetrics {
             prompt_tokens: Counter::default(),
             generation_tokens: Counter::default(),
             placements: Family::default(),
+            migrations: Counter::default(),
         };
         registry.register(
             "cleave_router_requests",
@@ -169,6 +173,11 @@ impl RouterMetrics {
             "cleave_router_placements",
             "Placement decisions by policy and prefill mode",
             m.placements.clone(),
+        );
+        registry.register(
+            "cleave_router_migrations",
+            "Streams moved to another decode worker after theirs failed mid-stream",
+            m.migrations.clone(),
         );
         m
     }

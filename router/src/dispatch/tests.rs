@@ -40,8 +40,8 @@ fn prompt(seed: u32, blocks: usize) -> Vec<u32> {
 async fn back_to_back(policy: PolicyKind) -> (WorkerId, WorkerId) {
     let (_cluster, d) = dispatcher(policy, 4);
     let p = prompt(1, 64);
-    let (a, _ra) = d.place(&p, 16).unwrap();
-    let (b, _rb) = d.place(&p, 16).unwrap();
+    let (a, _ra) = d.inner.place(&p, 16, false).unwrap();
+    let (b, _rb) = d.inner.place(&p, 16, false).unwrap();
     (a.decode, b.decode)
 }
 
@@ -66,7 +66,7 @@ async fn without_the_overlay_the_second_request_goes_elsewhere() {
 async fn the_overlay_counts_the_placed_prefix_on_the_decode_worker_only() {
     let (cluster, d) = dispatcher(PolicyKind::PrefixOptimistic, 4);
     let p = prompt(2, 40);
-    let (a, _r) = d.place(&p, 16).unwrap();
+    let (a, _r) = d.inner.place(&p, 16, false).unwrap();
     // A longer prompt with the same first 40 blocks.
     let mut longer = p.clone();
     longer.extend(prompt(3, 8));
@@ -81,7 +81,7 @@ async fn the_overlay_counts_the_placed_prefix_on_the_decode_worker_only() {
 async fn a_request_dropped_before_its_first_token_stops_counting() {
     let (cluster, d) = dispatcher(PolicyKind::PrefixOptimistic, 4);
     let p = prompt(4, 32);
-    let (_a, r) = d.place(&p, 16).unwrap();
+    let (_a, r) = d.inner.place(&p, 16, false).unwrap();
     assert_eq!(cluster.in_flight_len(), 1);
     drop(r);
     assert_eq!(cluster.in_flight_len(), 0);
@@ -99,7 +99,7 @@ async fn a_request_dropped_before_its_first_token_stops_counting() {
 async fn after_the_first_token_the_workers_events_take_over() {
     let (cluster, d) = dispatcher(PolicyKind::PrefixOptimistic, 4);
     let p = prompt(5, 32);
-    let (a, mut r) = d.place(&p, 16).unwrap();
+    let (a, mut r) = d.inner.place(&p, 16, false).unwrap();
     r.prefill_done();
     drop(r);
     // Stream over, events not in yet: the blocks still count.
@@ -130,7 +130,7 @@ async fn after_the_first_token_the_workers_events_take_over() {
 async fn reused_match_buffers_carry_nothing_over() {
     let (cluster, d) = dispatcher(PolicyKind::PrefixOptimistic, 2);
     let p = prompt(6, 16);
-    let (_a, r) = d.place(&p, 16).unwrap();
+    let (_a, r) = d.inner.place(&p, 16, false).unwrap();
     drop(r);
     // The buffer of that lookup is reused here: a different prompt matches nothing.
     let q = prompt(7, 16);
@@ -143,7 +143,7 @@ async fn reused_match_buffers_carry_nothing_over() {
 async fn a_removed_worker_leaves_the_overlay() {
     let (cluster, d) = dispatcher(PolicyKind::PrefixOptimistic, 2);
     let p = prompt(8, 16);
-    let (a, _r) = d.place(&p, 16).unwrap();
+    let (a, _r) = d.inner.place(&p, 16, false).unwrap();
     cluster.remove(a.decode);
     assert_eq!(cluster.in_flight_len(), 0);
     assert_eq!(cluster.matches(&p).longest(), 0);

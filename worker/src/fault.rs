@@ -1,0 +1,63 @@
+//! Named fault points, so that a failure test exercises exactly the path it names instead of
+//! racing a `sleep` against the thing it kills.
+//!
+//! `CLEAVE_FAULT=NAME=N[,NAME=N…]` in a worker's environment makes the process exit at once
+//! (status [`EXIT_CODE`], as a crash would: no graceful shutdown, sockets reset) when the point
+//! `NAME` is reached with count `N`. Points:
+//! - `decode.tokens_streamed`: a decode worker has handed the N-th token of one stream to gRPC.
+//!
+//! Unset (the default), a point costs one branch on a value read once.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+/// The exit status of a process stopped by a fault point.
+pub const EXIT_CODE: i32 = 86;
+
+fn points() -> &'static HashMap<String, u64> {
+    static POINTS: OnceLock<HashMap<String, u64>> = OnceLock::new();
+    POINTS.get_or_init(|| {
+        std::env::var("CLEAVE_FAULT")
+            .map(|v| parse(&v))
+            .unwrap_or_default()
+    })
+}
+
+/// `NAME=N` pairs, comma-separated; a malformed entry is logged and ignored.
+fn parse(spec: &str) -> HashMap<String, u64> {
+    let mut out = HashMap::new();
+    for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        match entry
+            .split_once('=')
+            .map(|(k, v)| (k.trim(), v.trim().parse::<u64>()))
+        {
+            Some((name, Ok(n))) => {
+                out.insert(name.to_string(), n);
+            }
+            _ => tracing::error!(entry, "CLEAVE_FAULT entry is not NAME=N: ignored"),
+        }
+    }
+    out
+}
+
+/// Exits the process when `name` is armed for `count`.
+pub fn point(name: &str, count: u64) {
+    if points().get(name) == Some(&count) {
+        tracing::error!(point = name, count, "fault point reached: exiting");
+        eprintln!("cleave: fault point {name}={count} reached: exiting with status {EXIT_CODE}");
+        std::process::exit(EXIT_CODE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse;
+
+    #[test]
+    fn parses_pairs_and_skips_malformed_entries() {
+        let p = parse("decode.tokens_streamed=5, bad, x=y,prefill.blocks=2");
+        assert_eq!(p.len(), 2);
+        assert_eq!(p["decode.tokens_streamed"], 5);
+        assert_eq!(p["prefill.blocks"], 2);
+    }
+}
