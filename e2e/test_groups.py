@@ -117,3 +117,38 @@ def test_killing_a_rank_fails_its_group_and_requests_go_to_the_other_group(cleav
         wait_until(lambda: metric(victim, "cleave_kv_blocks_used") == 0, what="blocks back to 0")
     finally:
         up.stop()
+
+
+def test_a_group_losing_a_follower_mid_stream_migrates_its_streams(cleave_bin):
+    """Two TP=3 decode groups (SmolLM2's 3 KV heads allow TP 1 or 3), round-robin: 4 streams in
+    flight (2 per group, each has sent tokens), then SIGKILL a follower of one group. Its streams move to the other group with
+    the tokens generated so far and end as uninterrupted runs do."""
+    port = free_port()
+    up = Up(cleave_bin, "--tp", "3", "--prefill", "0", "--decode", "2", "--policy", "round-robin", "--transport",
+            "tcp", "--kv-blocks", "128", "--port", str(port))
+    try:
+        client = openai.OpenAI(base_url=up.base, api_key="unused", max_retries=0, timeout=120)
+        model = client.models.list().data[0].id
+        def answers():
+            try:
+                return client.completions.create(model=model, prompt="Warm up", max_tokens=2,
+                                                 temperature=0).usage.completion_tokens == 2
+            except openai.APIStatusError:
+                return False
+
+        wait_until(answers, timeout=60, what="the router placing requests")
+        prompts = [f"Chapter {i}. It was a dark and stormy night;" for i in range(4)]
+        kw = dict(model=model, max_tokens=128, temperature=0, extra_body={"ignore_eos": True})
+        want = [client.completions.create(prompt=p, **kw).choices[0].text for p in prompts]
+        streams = [iter(client.completions.create(prompt=p, stream=True, **kw)) for p in prompts]
+        texts = [next(s).choices[0].text for s in streams]  # every stream has sent a token
+        follower = next(pid for pid, rank, _, _ in ranks(up.p.pid) if rank == 1)
+        os.kill(follower, signal.SIGKILL)
+        for i, s in enumerate(streams):
+            for chunk in s:
+                texts[i] += chunk.choices[0].text
+        assert texts == want
+        router = Addr(up.base.removesuffix("/v1").removeprefix("http://"))
+        assert (metric(router, "cleave_router_migrations_total") or 0) >= 1
+    finally:
+        up.stop()
