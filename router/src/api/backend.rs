@@ -68,6 +68,9 @@ pub enum BackendEvent {
     },
     /// The worker failed mid-stream; the message is for logs, not for clients.
     Error(String),
+    /// The worker failed mid-stream and the request could not be migrated; the message says
+    /// why, for the client.
+    Lost(String),
 }
 
 /// The events of one generation; dropping it cancels the generation downstream.

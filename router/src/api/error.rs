@@ -49,6 +49,11 @@ pub enum ApiError {
     /// Workers could not take the request; the detail is logged (503).
     #[error("workers are unavailable: {0}")]
     Unavailable(String),
+    /// The decode worker serving a stream failed mid-stream and the request could not be
+    /// migrated (the limit was reached, or no worker could take it); the reason is for the
+    /// client (503).
+    #[error("the decode worker serving this request failed mid-stream and the request could not be moved to another one: {0}")]
+    WorkerLost(String),
     /// Something failed inside the router or a worker; the detail is logged (500).
     #[error("internal error: {0}")]
     Internal(String),
@@ -92,7 +97,9 @@ impl ApiError {
             ApiError::ModelNotFound(_) | ApiError::UnknownRoute => StatusCode::NOT_FOUND,
             ApiError::RateLimited | ApiError::KeyLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Timeout => StatusCode::GATEWAY_TIMEOUT,
-            ApiError::NoWorkers | ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::NoWorkers | ApiError::Unavailable(_) | ApiError::WorkerLost(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -105,7 +112,9 @@ impl ApiError {
             ApiError::ModelNotFound(_) | ApiError::UnknownRoute => StatusClass::NotFound,
             ApiError::RateLimited | ApiError::KeyLimited(_) => StatusClass::RateLimited,
             ApiError::Timeout => StatusClass::Timeout,
-            ApiError::NoWorkers | ApiError::Unavailable(_) => StatusClass::Unavailable,
+            ApiError::NoWorkers | ApiError::Unavailable(_) | ApiError::WorkerLost(_) => {
+                StatusClass::Unavailable
+            }
             ApiError::Internal(_) => StatusClass::Error,
         }
     }
@@ -151,6 +160,12 @@ impl ApiError {
             ApiError::NoWorkers => (
                 "service_unavailable_error",
                 Some("no_workers"),
+                None,
+                self.to_string(),
+            ),
+            ApiError::WorkerLost(_) => (
+                "service_unavailable_error",
+                Some("worker_lost"),
                 None,
                 self.to_string(),
             ),

@@ -232,6 +232,7 @@ impl Choice {
                 usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
                 Ok(Step::Done(text, reason))
             }
+            BackendEvent::Lost(why) => Err(ApiError::WorkerLost(why)),
             BackendEvent::Error(detail) => Err(ApiError::Internal(format!(
                 "worker failed generating choice {}: {detail}",
                 self.index

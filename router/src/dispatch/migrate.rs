@@ -59,16 +59,14 @@ impl Migrating {
     fn migrate(&mut self, decode: WorkerId, why: String) -> Option<BackendEvent> {
         if self.generated.is_empty() || self.migrations >= self.inner.migration_limit {
             self.state = State::Done;
-            let detail = if self.generated.is_empty() {
-                why
-            } else {
-                format!(
-                    "{why}; not migrated again after {} migration(s) (the limit is {})",
-                    self.migrations, self.inner.migration_limit
-                )
-            };
-            return Some(BackendEvent::Error(format!(
-                "decode worker failed: {detail}"
+            if self.generated.is_empty() {
+                return Some(BackendEvent::Error(format!("decode worker failed: {why}")));
+            }
+            tracing::warn!(request_id = %self.req.request_id, error = %why,
+                "decode worker failed mid-stream: migration limit reached");
+            return Some(BackendEvent::Lost(format!(
+                "it was moved {} time(s) already, the limit (--migration-limit {}); last failure: {why}",
+                self.migrations, self.inner.migration_limit
             )));
         }
         self.migrations += 1;
@@ -102,8 +100,8 @@ impl Stream for Migrating {
                     }
                     Err(e) => {
                         this.state = State::Done;
-                        return Poll::Ready(Some(BackendEvent::Error(format!(
-                            "decode worker failed and no other could take the request over: {e}"
+                        return Poll::Ready(Some(BackendEvent::Lost(format!(
+                            "no other decode worker could take it ({e})"
                         ))));
                     }
                 },
