@@ -135,7 +135,7 @@ async fn tokens(d: &Dispatcher, i: usize) -> Vec<u32> {
         match ev {
             BackendEvent::Token { id, .. } => out.push(id),
             BackendEvent::Finished { .. } => break,
-            BackendEvent::Error(e) => panic!("request {i} failed: {e}"),
+            BackendEvent::Error(e) | BackendEvent::Lost(e) => panic!("request {i} failed: {e}"),
         }
     }
     out
