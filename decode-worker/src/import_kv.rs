@@ -13,6 +13,8 @@ use cleave_proto::v1::prefill_worker_client::PrefillWorkerClient;
 
 use cleave_worker::WorkerState;
 
+use crate::channels::Channels;
+
 /// What to ask the prefill worker for.
 pub struct Job {
     pub id: SeqId,
@@ -35,10 +37,15 @@ pub struct Timing {
 }
 
 /// Runs the remote prefill and tells the engine how it went.
-pub async fn run(state: Arc<WorkerState>, job: Job, timing: tokio::sync::oneshot::Sender<Timing>) {
+pub async fn run(
+    state: Arc<WorkerState>,
+    channels: Arc<Channels>,
+    job: Job,
+    timing: tokio::sync::oneshot::Sender<Timing>,
+) {
     let started = Instant::now();
     let timeout = state.config.prefill_timeout;
-    let result = tokio::time::timeout(timeout, call(&state, &job)).await;
+    let result = tokio::time::timeout(timeout, call(&state, &channels, &job)).await;
     let outcome = match result {
         Ok(Ok(resp)) => Ok(resp),
         Ok(Err(e)) => Err(e),
@@ -78,10 +85,12 @@ pub async fn run(state: Arc<WorkerState>, job: Job, timing: tokio::sync::oneshot
     }
 }
 
-async fn call(state: &WorkerState, job: &Job) -> Result<pb::PrefillResponse, String> {
-    let mut client = PrefillWorkerClient::connect(job.endpoint.clone())
-        .await
-        .map_err(|e| format!("connecting to {}: {e}", job.endpoint))?;
+async fn call(
+    state: &WorkerState,
+    channels: &Channels,
+    job: &Job,
+) -> Result<pb::PrefillResponse, String> {
+    let mut client = PrefillWorkerClient::new(channels.get(&job.endpoint)?);
     let address =
         serde_json::to_vec(&state.transport.local_address()).map_err(|e| e.to_string())?;
     let region = serde_json::to_vec(&state.region.descriptor()).map_err(|e| e.to_string())?;

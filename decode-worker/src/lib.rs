@@ -3,6 +3,7 @@
 
 #![forbid(unsafe_code)]
 
+mod channels;
 mod import_kv;
 
 use std::pin::Pin;
@@ -18,7 +19,10 @@ use cleave_worker::{Role, RoleService, WorkerState};
 
 /// The gRPC service.
 pub fn service(state: Arc<WorkerState>) -> DecodeWorkerServer<Decode> {
-    DecodeWorkerServer::new(Decode { state })
+    DecodeWorkerServer::new(Decode {
+        state,
+        prefill: Arc::new(channels::Channels::default()),
+    })
 }
 
 /// The decode role for the worker runtime ([`cleave_worker::run`], [`cleave_worker::main_for`]).
@@ -38,6 +42,8 @@ pub async fn run(
 /// The decode worker's gRPC handler.
 pub struct Decode {
     state: Arc<WorkerState>,
+    /// Channels to prefill workers, shared by every request.
+    prefill: Arc<channels::Channels>,
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::GenerateEvent, Status>> + Send>>;
@@ -75,6 +81,7 @@ impl DecodeWorker for Decode {
             .map_err(cleave_worker::convert::submit_error)?;
         let (tx, out) = tokio::sync::mpsc::channel(64);
         let state = self.state.clone();
+        let prefill = self.prefill.clone();
         let span = tracing::info_span!(
             "decode",
             request_id = %req.request_id,
@@ -93,7 +100,20 @@ impl DecodeWorker for Decode {
                 let mut streamed = 0u64;
                 let (timing_tx, mut timing_rx) = tokio::sync::oneshot::channel();
                 let mut timing_tx = Some(timing_tx);
-                while let Some(ev) = rx.recv().await {
+                loop {
+                    // A caller that goes away is noticed at once, also while nothing is sent
+                    // (waiting for the prefill worker): the engine drops the sequence and the
+                    // import below is aborted, which cancels the remote prefill.
+                    let ev = tokio::select! {
+                        ev = rx.recv() => match ev {
+                            Some(ev) => ev,
+                            None => break,
+                        },
+                        _ = tx.closed() => {
+                            engine.cancel(id);
+                            break;
+                        }
+                    };
                     if let SeqEvent::KvNeeded {
                         blocks,
                         cached_tokens,
@@ -118,7 +138,12 @@ impl DecodeWorker for Decode {
                         };
                         disaggregated = true;
                         let timing = timing_tx.take().expect("one import per request");
-                        import = Some(tokio::spawn(import_kv::run(state.clone(), job, timing)));
+                        import = Some(tokio::spawn(import_kv::run(
+                            state.clone(),
+                            prefill.clone(),
+                            job,
+                            timing,
+                        )));
                         continue;
                     }
                     if first_token.is_none() && matches!(ev, SeqEvent::Token { .. }) {

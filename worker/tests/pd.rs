@@ -325,3 +325,56 @@ async fn short_uncached_remainders_are_prefilled_locally() {
     assert_eq!(settle(&decode).await.pool.used, 0);
     stop.cancel();
 }
+
+/// A client that drops its `Generate` stream while the decode worker waits for the prefill
+/// worker (nothing has been streamed yet) cancels the whole request: the decode worker notices
+/// the closed stream at once, aborts the import, and the dropped `Prefill` call stops the
+/// prefill worker before it samples the first token; nothing leaks on either side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_during_the_remote_prefill_cancels_the_prefill() {
+    let stop = CancellationToken::new();
+    let prefill = run(PREFILL, config(BackendChoice::Tcp), stop.clone())
+        .await
+        .unwrap();
+    let decode = run(DECODE, config(BackendChoice::Tcp), stop.clone())
+        .await
+        .unwrap();
+    let l = Loaded::open(&default_model_path(), Threads::single()).unwrap();
+    let long = "Licensed under the Apache License, Version 2.0; you may not use this file except in compliance with the License. ".repeat(25);
+    let prompt = l.tokenizer.encode(&long, false);
+    let mut client = DecodeWorkerClient::connect(format!("http://{}", decode.grpc_addr))
+        .await
+        .unwrap();
+    let req = pb::GenerateRequest {
+        request_id: "gone".into(),
+        prompt,
+        params: Some(greedy(8)),
+        prefill_endpoint: format!("http://{}", prefill.grpc_addr),
+        resume: Vec::new(),
+    };
+    let call = tokio::spawn(async move {
+        let mut stream = client.generate(req).await.unwrap().into_inner();
+        stream.message().await
+    });
+    for _ in 0..500 {
+        if prefill.state.engine.stats().running > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(
+        prefill.state.engine.stats().running > 0,
+        "the remote prefill never started"
+    );
+    call.abort();
+    let p = settle(&prefill).await;
+    assert_eq!(p.pool.used, 0, "{:?}", p.pool);
+    assert_eq!(
+        p.generated_tokens, 0,
+        "the prefill worker finished a prefill whose client was gone"
+    );
+    let d = settle(&decode).await;
+    assert_eq!(d.pool.used, 0, "{:?}", d.pool);
+    assert_eq!(d.generated_tokens, 0);
+    stop.cancel();
+}
