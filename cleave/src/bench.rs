@@ -453,6 +453,7 @@ pub fn ttft_breakdown(
             kv_blocks: 512,
             kv_dtype: Default::default(),
             threads: 1,
+            runtime_threads: 2,
             step_tokens: 256,
             transport: Default::default(),
             kv_listen: None,

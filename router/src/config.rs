@@ -44,6 +44,10 @@ pub struct RouterConfig {
     /// decode worker; shorter prompts are prefilled where they decode.
     #[arg(long, env = "CLEAVE_DISAGG_MIN_UNCACHED_BLOCKS", default_value_t = 9)]
     pub disagg_min_uncached_blocks: usize,
+    /// Async runtime threads (HTTP, gRPC streams, discovery).
+    #[arg(long, env = "CLEAVE_RUNTIME_THREADS", default_value_t = cleave_telemetry::DEFAULT_RUNTIME_THREADS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub runtime_threads: usize,
     /// How many times one request may move to another decode worker when its worker fails
     /// mid-stream (the stream goes on from where it was; 0 turns migration off: the stream ends
     /// in an error).

@@ -134,10 +134,7 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
 
 /// Serves until Ctrl-C or SIGTERM, printing `{"grpc":"addr"}` on stdout once listening.
 pub fn serve_until_signal(config: RouterConfig) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = cleave_telemetry::runtime(config.runtime_threads)?;
     rt.block_on(async move {
         let shutdown = CancellationToken::new();
         let running = run(config, shutdown.clone()).await?;

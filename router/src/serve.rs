@@ -42,6 +42,8 @@ pub struct Running {
 
 /// Starts the router until `shutdown`; returns once it listens.
 pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::Result<Running> {
+    // The effective configuration (flags, environment and defaults), once.
+    tracing::info!(config = ?config, "router configuration");
     let text = ModelText::open(&config.model)
         .with_context(|| format!("reading {}", config.model.display()))?;
     let (tokenizer, template, max_context) = (text.tokenizer, text.template, text.max_context);
@@ -235,10 +237,7 @@ pub fn serve_until_signal(config: RouterConfig) -> anyhow::Result<()> {
     if config.mode == crate::config::Mode::EndpointPicker {
         return crate::epp::serve_until_signal(config);
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = cleave_telemetry::runtime(config.runtime_threads)?;
     rt.block_on(async move {
         let shutdown = CancellationToken::new();
         let running = run(config, shutdown.clone()).await?;

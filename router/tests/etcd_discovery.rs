@@ -169,6 +169,7 @@ async fn router_discovers_and_drops_an_etcd_registered_worker() {
             kv_blocks: 64,
             kv_dtype: Default::default(),
             threads: 1,
+            runtime_threads: 2,
             step_tokens: 32,
             transport: Default::default(),
             kv_listen: None,

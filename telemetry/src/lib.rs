@@ -184,3 +184,15 @@ fn colour() -> bool {
     use std::io::IsTerminal;
     std::io::stderr().is_terminal()
 }
+
+/// Default of the servers' `--runtime-threads`: async I/O threads beside the compute threads.
+pub const DEFAULT_RUNTIME_THREADS: usize = 2;
+
+/// The multi-thread tokio runtime of a server binary, with `threads` worker threads (its
+/// `--runtime-threads` flag; at least 1).
+pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .enable_all()
+        .build()
+}

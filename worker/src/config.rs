@@ -42,6 +42,10 @@ pub struct WorkerConfig {
     /// Compute threads.
     #[arg(long, env = "CLEAVE_THREADS", default_value_t = 1)]
     pub threads: usize,
+    /// Async runtime threads (gRPC, HTTP, KV transfers), beside the compute threads.
+    #[arg(long, env = "CLEAVE_RUNTIME_THREADS", default_value_t = cleave_telemetry::DEFAULT_RUNTIME_THREADS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub runtime_threads: usize,
     /// Tokens per engine step (decodes plus prefill chunks).
     #[arg(long, env = "CLEAVE_STEP_TOKENS", default_value_t = 256)]
     pub step_tokens: usize,

@@ -63,10 +63,7 @@ pub fn main_for(service: RoleService) -> std::process::ExitCode {
 /// Serves `service`'s role until Ctrl-C or SIGTERM, printing one JSON line with the bound
 /// addresses on stdout (`{"grpc":"…","http":"…"}`) once ready — what `cleave up` reads.
 pub fn serve_until_signal(service: RoleService, config: WorkerConfig) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = cleave_telemetry::runtime(config.runtime_threads)?;
     rt.block_on(async move {
         let shutdown = tokio_util::sync::CancellationToken::new();
         if let Some(m) = config.group.membership()?.filter(|m| m.rank > 0) {

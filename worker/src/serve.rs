@@ -90,6 +90,8 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<Running> {
     let role = service.role;
+    // The effective configuration (flags, environment and defaults), once.
+    tracing::info!(?role, config = ?config, "worker configuration");
     let threads = if config.threads <= 1 {
         Threads::single()
     } else {

@@ -25,6 +25,7 @@ fn config(transport: BackendChoice) -> WorkerConfig {
         kv_blocks: 128,
         kv_dtype: Default::default(),
         threads: 1,
+        runtime_threads: 2,
         step_tokens: 32,
         transport,
         kv_listen: None,
