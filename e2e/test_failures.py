@@ -103,24 +103,22 @@ LONG = "Licensed under the Apache License, Version 2.0; you may not use this fil
 
 
 def test_dead_prefill_worker_means_local_prefill_and_no_leak(fleet):
+    """The fault point `prefill.kv_blocks_sent=4` makes the prefill worker exit (status 86)
+    with a long prompt's KV writes in flight: the decode worker computes the prompt itself
+    (counted in `prefill_fallbacks_total`) and nothing leaks."""
     worker, router = fleet
-    p, d = worker("prefill"), worker("decode")
+    p = worker("prefill", env={"CLEAVE_FAULT": "prefill.kv_blocks_sent=4"})
+    d = worker("decode")
     client = router([p], [d])
+    # A short prompt sends fewer than 4 blocks: disaggregated, and the prefill worker lives.
     ok = client.completions.create(model=client.model, prompt="The capital of France is", max_tokens=8, temperature=0)
     assert "Paris" in ok.choices[0].text
     assert metric(d, "cleave_worker_disaggregated_requests_total") == 1
-    # Kill the prefill worker while a long prompt is being prefilled (or just before).
-    result = {}
-
-    def long_request():
-        result["r"] = client.completions.create(model=client.model, prompt=LONG, max_tokens=8, temperature=0)
-
-    t = threading.Thread(target=long_request)
-    t.start()
-    time.sleep(0.3)
-    p.kill()
-    t.join(timeout=120)
-    assert "r" in result and result["r"].usage.completion_tokens == 8
+    assert metric(d, "cleave_worker_prefill_fallbacks_total") == 0
+    r = client.completions.create(model=client.model, prompt=LONG, max_tokens=8, temperature=0)
+    assert r.usage.completion_tokens == 8
+    assert p.p.wait(timeout=30) == 86, "the fault point did not stop the prefill worker"
+    assert metric(d, "cleave_worker_prefill_fallbacks_total") == 1
     # And later requests still work (prefilled on the decode worker).
     again = client.completions.create(model=client.model, prompt=LONG + " Again.", max_tokens=4, temperature=0)
     assert again.usage.completion_tokens == 4

@@ -126,6 +126,7 @@ pub async fn run(
     let mut writes: JoinSet<Result<u64, String>> = JoinSet::new();
     let (mut first, mut lease, mut compute_done) = (None, None, None);
     let mut cached_tokens = 0;
+    let mut sent_blocks = 0u64;
     while let Some(ev) = rx.recv().await {
         match ev {
             SeqEvent::KvReady { blocks } => {
@@ -141,6 +142,7 @@ pub async fn run(
                 if ops.is_empty() {
                     continue;
                 }
+                sent_blocks += ops.len() as u64;
                 if state.group_size > 1 {
                     // Each follower writes its own heads of the same blocks to its decode rank.
                     let msg = Relay::Write {
@@ -171,6 +173,7 @@ pub async fn run(
                         .map(|s| s.bytes)
                         .map_err(|e| e.to_string())
                 });
+                cleave_worker::fault::point("prefill.kv_blocks_sent", sent_blocks);
             }
             SeqEvent::Token { id, logprob, .. } => first = Some((id, logprob)),
             SeqEvent::Held(l) => lease = Some(l),

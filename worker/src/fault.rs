@@ -3,8 +3,10 @@
 //!
 //! `CLEAVE_FAULT=NAME=N[,NAME=N…]` in a worker's environment makes the process exit at once
 //! (status [`EXIT_CODE`], as a crash would: no graceful shutdown, sockets reset) when the point
-//! `NAME` is reached with count `N`. Points:
-//! - `decode.tokens_streamed`: a decode worker has handed the N-th token of one stream to gRPC.
+//! `NAME` is reached with a count of at least `N`. Points:
+//! - `decode.tokens_streamed`: a decode worker has handed the N-th token of one stream to gRPC;
+//! - `prefill.kv_blocks_sent`: a prefill worker has handed N KV blocks of one request to the
+//!   transport (writes in flight, the first token not yet answered).
 //!
 //! Unset (the default), a point costs one branch on a value read once.
 
@@ -40,9 +42,9 @@ fn parse(spec: &str) -> HashMap<String, u64> {
     out
 }
 
-/// Exits the process when `name` is armed for `count`.
+/// Exits the process when `name` is armed for `count` or less.
 pub fn point(name: &str, count: u64) {
-    if points().get(name) == Some(&count) {
+    if points().get(name).is_some_and(|&n| count >= n) {
         tracing::error!(point = name, count, "fault point reached: exiting");
         eprintln!("cleave: fault point {name}={count} reached: exiting with status {EXIT_CODE}");
         std::process::exit(EXIT_CODE);
