@@ -126,6 +126,17 @@ async fn settle(w: &Running) -> cleave_engine::engine::EngineStats {
     panic!("worker did not settle: {:?}", w.state.engine.stats());
 }
 
+/// Waits until `w`'s engine is computing a sequence (the prefill has started).
+async fn wait_until_computing(w: &Running) {
+    for _ in 0..500 {
+        if w.state.engine.stats().running > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    panic!("the prefill never started: {:?}", w.state.engine.stats());
+}
+
 fn prompts() -> Vec<Vec<u32>> {
     let l = Loaded::open(&default_model_path(), Threads::single()).unwrap();
     let long = "Licensed under the Apache License, Version 2.0 (the \"License\"); you may not use this file except in compliance with the License. ".repeat(3);
@@ -274,16 +285,7 @@ async fn a_dropped_prefill_call_aborts_the_prefill_and_its_transfers() {
         .unwrap();
     let call = tokio::spawn(async move { client.prefill(req).await });
     // Wait until the prefill is running, then drop the call.
-    for _ in 0..500 {
-        if prefill.state.engine.stats().running > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    assert!(
-        prefill.state.engine.stats().running > 0,
-        "the prefill never started"
-    );
+    wait_until_computing(&prefill).await;
     call.abort();
     let s = settle(&prefill).await;
     assert_eq!(s.pool.used, 0, "{:?}", s.pool);
@@ -357,16 +359,7 @@ async fn a_client_gone_during_the_remote_prefill_cancels_the_prefill() {
         let mut stream = client.generate(req).await.unwrap().into_inner();
         stream.message().await
     });
-    for _ in 0..500 {
-        if prefill.state.engine.stats().running > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    assert!(
-        prefill.state.engine.stats().running > 0,
-        "the remote prefill never started"
-    );
+    wait_until_computing(&prefill).await;
     call.abort();
     let p = settle(&prefill).await;
     assert_eq!(p.pool.used, 0, "{:?}", p.pool);
