@@ -102,6 +102,13 @@ fail() {
     echo "----- last lines of $f" >&2
     tail -n 30 "$f" >&2
   done
+  # Why a node is not Ready is in its conditions (disk pressure, runtime, network), not the logs.
+  if [ -f "$dir/kubeconfig" ] && [ -x "$TOOLS_BIN/kubectl" ]; then
+    echo "----- node conditions" >&2
+    KUBECONFIG="$dir/kubeconfig" timeout 10 "$TOOLS_BIN/kubectl" get nodes -o \
+      jsonpath='{range .items[*].status.conditions[*]}{.type}={.status} {.reason}: {.message}{"\n"}{end}' >&2 || true
+  fi
+  echo "----- disk: $(df -h "$dir" | tail -n 1)" >&2
   cmd_stop "$dir" >/dev/null 2>&1 || true
   die "$*"
 }
