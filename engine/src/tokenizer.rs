@@ -450,6 +450,8 @@ impl Tokenizer {
                     out.push(id);
                     prev_special = true;
                 }
+                // Empty text has no fragment in llama.cpp (no space prefix either).
+                Fragment::Text(range) if range.is_empty() => {}
                 Fragment::Text(range) => {
                     let piece = &text[range];
                     match &self.inner.spm {
