@@ -1,12 +1,15 @@
-//! Byte-level BPE tokenizer that reproduces llama.cpp's `gpt2`-model tokenization.
+//! Tokenizers that reproduce llama.cpp's token ids: byte-level BPE (`tokenizer.ggml.model =
+//! "gpt2"`) and SentencePiece-style vocabularies (`"llama"`: scores, `▁` for spaces, `<0xNN>`
+//! byte fallback).
 //!
 //! Encoding follows llama.cpp step by step:
 //! 1. special tokens written literally in the text are cut out first, longest first (control
 //!    tokens only when `parse_special`; user-defined tokens always, as llama.cpp does);
-//! 2. each remaining stretch of text is pre-tokenized by the model's regex list
-//!    (`pretok`, chosen by `tokenizer.ggml.pre`);
-//! 3. each piece's bytes become byte-level symbols and BPE merges apply lowest rank first
-//!    (`bpe`).
+//! 2. BPE: each remaining stretch of text is pre-tokenized by the model's regex list
+//!    (`pretok`, chosen by `tokenizer.ggml.pre`), each piece's bytes become byte-level symbols
+//!    and BPE merges apply lowest rank first (`bpe`);
+//! 3. SPM: each stretch gets a leading space when it starts the text or follows a special token
+//!    (`add_space_prefix`), spaces become `▁`, and the best-scoring adjacent pairs merge (`spm`).
 //!
 //! Decoding maps each token back to the bytes it spells; [`StreamDecoder`] does so incrementally
 //! without ever splitting a UTF-8 character.
@@ -15,6 +18,7 @@ mod bpe;
 pub(crate) use bpe::byte_table;
 mod hf_json;
 mod pretok;
+mod spm;
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -28,9 +32,20 @@ pub enum TokenizerError {
     /// A tokenizer key in the GGUF file is missing or has the wrong type.
     #[error("reading tokenizer metadata")]
     Gguf(#[from] GgufError),
-    /// `tokenizer.ggml.model` names a tokenizer other than byte-level BPE (`gpt2`).
-    #[error("unsupported tokenizer model {0:?} (only \"gpt2\" byte-level bpe is supported)")]
+    /// `tokenizer.ggml.model` names a tokenizer other than byte-level BPE (`gpt2`) or
+    /// SentencePiece-style (`llama`).
+    #[error(
+        "unsupported tokenizer model {0:?} (supported: \"gpt2\" byte-level bpe, \"llama\" sentencepiece)"
+    )]
     UnsupportedModel(String),
+    /// The score list of a SentencePiece vocabulary is shorter than the token list.
+    #[error("{scores} token scores for {tokens} tokens")]
+    ScoresMismatch {
+        /// Number of tokens.
+        tokens: usize,
+        /// Number of scores.
+        scores: usize,
+    },
     /// `tokenizer.ggml.pre` names a pre-tokenizer this crate does not know.
     #[error("unknown pre-tokenizer {0:?}")]
     UnknownPreTokenizer(String),
@@ -80,6 +95,7 @@ pub enum TokenizerError {
 }
 
 /// llama.cpp's token types.
+const TYPE_NORMAL: i32 = 1;
 const TYPE_UNKNOWN: i32 = 2;
 const TYPE_CONTROL: i32 = 3;
 const TYPE_USER_DEFINED: i32 = 4;
@@ -114,11 +130,26 @@ const EOG_TEXTS: &[&str] = &[
     "<|file_sep|>",
 ];
 
+/// The kind of vocabulary (`tokenizer.ggml.model`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum VocabKind {
+    /// Byte-level BPE with merge ranks (`gpt2`).
+    #[default]
+    Bpe,
+    /// SentencePiece-style: token scores, `▁` for spaces, `<0xNN>` byte fallback (`llama`).
+    Spm,
+}
+
 /// Everything needed to build a [`Tokenizer`], as stored under `tokenizer.ggml.*`.
 #[derive(Clone, Debug, Default)]
 pub struct TokenizerSpec {
-    /// Token spellings (byte-level encoded for normal tokens), indexed by id.
+    /// The vocabulary kind.
+    pub kind: VocabKind,
+    /// Token spellings (byte-level encoded for normal BPE tokens, `▁` for spaces in SPM),
+    /// indexed by id.
     pub tokens: Vec<String>,
+    /// Token scores (SPM merge priority, higher first); empty means all zero.
+    pub scores: Vec<f32>,
     /// llama.cpp token types (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte);
     /// empty means all normal.
     pub token_types: Vec<i32>,
@@ -132,38 +163,94 @@ pub struct TokenizerSpec {
     pub eos: Option<u32>,
     /// Whether prompts should start with `bos` (callers add it; `encode` never does).
     pub add_bos: bool,
+    /// Whether llama.cpp appends `eos` to a prompt (only [`Tokenizer::encode_special`] does).
+    pub add_eos: bool,
+    /// Unknown-token id (SPM: used for bytes without a byte-fallback token).
+    pub unk: Option<u32>,
+    /// Padding-token id.
+    pub pad: Option<u32>,
+    /// SPM: whether a space is put before the text and before text that follows a special
+    /// token (and stripped again from the start of decoded text).
+    pub add_space_prefix: bool,
+    /// Whether whitespace right after a special token is dropped (llama.cpp's `rstrip`
+    /// attribute, which it sets for Phi-3 vocabularies).
+    pub rstrip_specials: bool,
 }
 
 impl TokenizerSpec {
-    /// Reads the `tokenizer.ggml.*` keys; fails unless `tokenizer.ggml.model` is `gpt2`.
+    /// Reads the `tokenizer.ggml.*` keys, with llama.cpp's defaults for keys that are absent;
+    /// fails unless `tokenizer.ggml.model` is `gpt2` or `llama`.
     pub fn from_gguf(g: &GgufFile) -> Result<Self, TokenizerError> {
         let model = g.get_str("tokenizer.ggml.model")?;
-        if model != "gpt2" {
-            return Err(TokenizerError::UnsupportedModel(model.to_string()));
-        }
+        let kind = match model {
+            "gpt2" => VocabKind::Bpe,
+            "llama" => VocabKind::Spm,
+            other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
+        };
         let optional_u32 = |key: &str| match g.meta(key) {
             None => Ok(None),
             Some(_) => g.get_u32(key).map(Some),
         };
+        let optional_bool = |key: &str| match g.meta(key) {
+            None => Ok(None),
+            Some(_) => g.get_bool(key).map(Some),
+        };
+        let tokens = g.get_str_array("tokenizer.ggml.tokens")?;
+        let pre = match g.meta("tokenizer.ggml.pre") {
+            None => "default".to_string(),
+            Some(_) => g.get_str("tokenizer.ggml.pre")?.to_string(),
+        };
+        let n = tokens.len();
+        // llama.cpp's defaults: SPM vocabularies have <unk>=0, <s>=1, </s>=2 (when in range) and
+        // add BOS; the Llama-3 family of BPE pre-tokenizers adds BOS too.
+        let (default_ids, default_add_bos) = match kind {
+            VocabKind::Spm => ([Some(1), Some(2), Some(0)], true),
+            VocabKind::Bpe => ([None; 3], pretok::adds_bos(&pre)),
+        };
+        let default_ids = default_ids.map(|id| id.filter(|&id| (id as usize) < n));
+        let name = g.get_str("general.name").unwrap_or_default().to_lowercase();
         Ok(TokenizerSpec {
-            tokens: g.get_str_array("tokenizer.ggml.tokens")?,
+            kind,
+            scores: match (kind, g.meta("tokenizer.ggml.scores")) {
+                (VocabKind::Spm, Some(v)) => scores(v).ok_or_else(|| GgufError::WrongType {
+                    key: "tokenizer.ggml.scores".into(),
+                    expected: "an array of numbers",
+                })?,
+                _ => Vec::new(),
+            },
+            tokens,
             token_types: match g.meta("tokenizer.ggml.token_type") {
                 None => Vec::new(),
                 Some(_) => g.get_i32_array("tokenizer.ggml.token_type")?,
             },
-            merges: g.get_str_array("tokenizer.ggml.merges")?,
-            pre: match g.meta("tokenizer.ggml.pre") {
-                None => "default".to_string(),
-                Some(_) => g.get_str("tokenizer.ggml.pre")?.to_string(),
+            merges: match kind {
+                VocabKind::Bpe => g.get_str_array("tokenizer.ggml.merges")?,
+                VocabKind::Spm => Vec::new(),
             },
-            bos: optional_u32("tokenizer.ggml.bos_token_id")?,
-            eos: optional_u32("tokenizer.ggml.eos_token_id")?,
-            add_bos: match g.meta("tokenizer.ggml.add_bos_token") {
-                None => false,
-                Some(_) => g.get_bool("tokenizer.ggml.add_bos_token")?,
-            },
+            pre,
+            bos: optional_u32("tokenizer.ggml.bos_token_id")?.or(default_ids[0]),
+            eos: optional_u32("tokenizer.ggml.eos_token_id")?.or(default_ids[1]),
+            unk: optional_u32("tokenizer.ggml.unknown_token_id")?.or(default_ids[2]),
+            pad: optional_u32("tokenizer.ggml.padding_token_id")?,
+            add_bos: optional_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(default_add_bos),
+            add_eos: optional_bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false),
+            add_space_prefix: kind == VocabKind::Spm
+                && optional_bool("tokenizer.ggml.add_space_prefix")?.unwrap_or(true),
+            rstrip_specials: name.contains("phi-3") || name.contains("phi3"),
         })
     }
+}
+
+/// A score array of floats or integers.
+fn scores(v: &crate::gguf::MetaValue) -> Option<Vec<f32>> {
+    v.as_array()?
+        .iter()
+        .map(|x| {
+            x.as_f64()
+                .map(|f| f as f32)
+                .or_else(|| x.as_i64().map(|i| i as f32))
+        })
+        .collect()
 }
 
 /// A special token that is cut out of the text before pre-tokenization.
@@ -173,10 +260,15 @@ struct Special {
     id: u32,
     /// Control and unknown tokens are only matched when parsing specials is requested.
     only_when_parsing: bool,
+    /// Whitespace right after the token is dropped.
+    rstrip: bool,
 }
 
 #[derive(Debug)]
 struct Inner {
+    kind: VocabKind,
+    /// SPM tables (for SPM vocabularies only).
+    spm: Option<spm::Spm>,
     tokens: Vec<String>,
     types: Vec<i32>,
     to_id: HashMap<String, u32>,
@@ -192,10 +284,13 @@ struct Inner {
     pre: pretok::PreTokenizer,
     bos: Option<u32>,
     eos: Option<u32>,
+    unk: Option<u32>,
+    pad: Option<u32>,
     add_bos: bool,
+    add_eos: bool,
 }
 
-/// A byte-level BPE tokenizer; cheap to clone (the tables are shared).
+/// A BPE or SPM tokenizer; cheap to clone (the tables are shared).
 #[derive(Clone, Debug)]
 pub struct Tokenizer {
     inner: Arc<Inner>,
@@ -224,12 +319,28 @@ impl Tokenizer {
                 types: spec.token_types.len(),
             });
         };
-        for (which, id) in [("bos", spec.bos), ("eos", spec.eos)] {
+        for (which, id) in [
+            ("bos", spec.bos),
+            ("eos", spec.eos),
+            ("unknown", spec.unk),
+            ("padding", spec.pad),
+        ] {
             if let Some(id) = id.filter(|&id| id as usize >= n) {
                 return Err(TokenizerError::BadSpecialId { which, id });
             }
         }
-        let pre = pretok::PreTokenizer::new(&spec.pre)?;
+        if spec.kind == VocabKind::Spm && !spec.scores.is_empty() && spec.scores.len() < n {
+            return Err(TokenizerError::ScoresMismatch {
+                tokens: n,
+                scores: spec.scores.len(),
+            });
+        }
+        // SPM vocabularies have no pre-tokenizer (llama.cpp ignores `tokenizer.ggml.pre`).
+        let pre = pretok::PreTokenizer::new(match spec.kind {
+            VocabKind::Bpe => &spec.pre,
+            VocabKind::Spm => "default",
+        })?;
+        let rstrip_exempt = ["<unk>", "<s>", "<|endoftext|>"];
 
         let mut to_id = HashMap::with_capacity(n);
         let mut bytes = Vec::new();
@@ -240,19 +351,21 @@ impl Tokenizer {
             // Later duplicates win, as in llama.cpp.
             to_id.insert(text.clone(), id);
             offsets.push(bytes.len());
-            match ty {
-                TYPE_CONTROL | TYPE_USER_DEFINED | TYPE_UNKNOWN => {
+            if matches!(ty, TYPE_CONTROL | TYPE_USER_DEFINED | TYPE_UNKNOWN) && !text.is_empty() {
+                specials.push(Special {
+                    text: text.clone(),
+                    id,
+                    only_when_parsing: ty != TYPE_USER_DEFINED,
+                    rstrip: spec.rstrip_specials && !rstrip_exempt.contains(&text.as_str()),
+                });
+            }
+            match (spec.kind, ty) {
+                (VocabKind::Spm, _) => spm::token_bytes(text, ty, &mut bytes),
+                (_, TYPE_CONTROL | TYPE_USER_DEFINED | TYPE_UNKNOWN) => {
                     bytes.extend_from_slice(text.as_bytes());
-                    if !text.is_empty() {
-                        specials.push(Special {
-                            text: text.clone(),
-                            id,
-                            only_when_parsing: ty != TYPE_USER_DEFINED,
-                        });
-                    }
                 }
-                TYPE_UNUSED => {}
-                TYPE_BYTE => match parse_byte_token(text) {
+                (_, TYPE_UNUSED) => {}
+                (_, TYPE_BYTE) => match parse_byte_token(text) {
                     Some(b) => bytes.push(b),
                     None => bpe::decode_spelling(text, &mut bytes),
                 },
@@ -295,8 +408,12 @@ impl Tokenizer {
             }
         }
 
+        let spm = (spec.kind == VocabKind::Spm)
+            .then(|| spm::Spm::new(&to_id, spec.scores, spec.unk, spec.add_space_prefix));
         Ok(Tokenizer {
             inner: Arc::new(Inner {
+                kind: spec.kind,
+                spm,
                 tokens: spec.tokens,
                 types,
                 to_id,
@@ -309,7 +426,10 @@ impl Tokenizer {
                 pre,
                 bos: spec.bos,
                 eos: spec.eos,
+                unk: spec.unk,
+                pad: spec.pad,
                 add_bos: spec.add_bos,
+                add_eos: spec.add_eos,
             }),
         })
     }
@@ -322,6 +442,52 @@ impl Tokenizer {
     /// Tokenizes `text`. Never adds BOS. With `parse_special`, control tokens written literally
     /// (e.g. `<|im_start|>`) become their ids; user-defined tokens always do.
     pub fn encode(&self, text: &str, parse_special: bool) -> Vec<u32> {
+        let mut out = Vec::with_capacity(text.len() / 3 + 1);
+        let mut prev_special = true;
+        for frag in self.partition(text, parse_special) {
+            match frag {
+                Fragment::Token(id) => {
+                    out.push(id);
+                    prev_special = true;
+                }
+                // Empty text has no fragment in llama.cpp (no space prefix either).
+                Fragment::Text(range) if range.is_empty() => {}
+                Fragment::Text(range) => {
+                    let piece = &text[range];
+                    match &self.inner.spm {
+                        Some(spm) => {
+                            let mut escaped = String::with_capacity(piece.len() * 2 + 3);
+                            if spm.add_space_prefix && prev_special {
+                                escaped.push_str(spm::SPACE_MARK);
+                            }
+                            escaped.push_str(&piece.replace(' ', spm::SPACE_MARK));
+                            spm.encode(&escaped, &self.inner.to_id, &mut out);
+                        }
+                        None => self.encode_text(piece, &mut out),
+                    }
+                    prev_special = false;
+                }
+            }
+        }
+        out
+    }
+
+    /// Tokenizes `text` as llama.cpp's `llama_tokenize(text, add_special, parse_special)` does:
+    /// with `add_special`, BOS first when the vocabulary asks for it and EOS last likewise.
+    pub fn encode_special(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
+        let mut out = Vec::new();
+        if add_special && self.inner.add_bos {
+            out.extend(self.inner.bos);
+        }
+        out.extend(self.encode(text, parse_special));
+        if add_special && self.inner.add_eos {
+            out.extend(self.inner.eos);
+        }
+        out
+    }
+
+    /// Cuts the special tokens out of `text`, longest first.
+    fn partition(&self, text: &str, parse_special: bool) -> Vec<Fragment> {
         let mut frags = vec![Fragment::Text(0..text.len())];
         let mut next = Vec::new();
         for sp in &self.inner.specials {
@@ -335,13 +501,21 @@ impl Tokenizer {
                     continue;
                 };
                 let mut start = range.start;
-                for (pos, m) in text[range.clone()].match_indices(sp.text.as_str()) {
-                    let at = range.start + pos;
+                while let Some(pos) = text[start..range.end].find(sp.text.as_str()) {
+                    let at = start + pos;
                     if at > start {
                         next.push(Fragment::Text(start..at));
                     }
                     next.push(Fragment::Token(sp.id));
-                    start = at + m.len();
+                    start = at + sp.text.len();
+                    if sp.rstrip {
+                        // C's isspace, as llama.cpp uses.
+                        let skip = text.as_bytes()[start..range.end]
+                            .iter()
+                            .take_while(|b| matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r'))
+                            .count();
+                        start += skip;
+                    }
                 }
                 if start < range.end {
                     next.push(Fragment::Text(start..range.end));
@@ -349,14 +523,7 @@ impl Tokenizer {
             }
             std::mem::swap(&mut frags, &mut next);
         }
-        let mut out = Vec::with_capacity(text.len() / 3 + 1);
-        for frag in frags {
-            match frag {
-                Fragment::Token(id) => out.push(id),
-                Fragment::Text(range) => self.encode_text(&text[range], &mut out),
-            }
-        }
-        out
+        frags
     }
 
     /// Pre-tokenizes and BPE-encodes text that contains no special tokens.
@@ -391,15 +558,29 @@ impl Tokenizer {
     }
 
     /// Detokenizes `ids`; invalid UTF-8 becomes U+FFFD and control tokens appear as their text.
+    /// As llama.cpp's detokenizer does, an SPM vocabulary with `add_space_prefix` loses one
+    /// leading space of the first token (the one encoding put there), so
+    /// `decode(&encode(text, false)) == text`.
     pub fn decode(&self, ids: &[u32]) -> String {
         let mut bytes = Vec::new();
-        for &id in ids {
-            bytes.extend_from_slice(self.token_bytes(id));
+        for (i, &id) in ids.iter().enumerate() {
+            let piece = self.token_bytes(id);
+            if i == 0 && self.strips_leading_space() {
+                bytes.extend_from_slice(piece.strip_prefix(b" ").unwrap_or(piece));
+            } else {
+                bytes.extend_from_slice(piece);
+            }
         }
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
-    /// The raw bytes token `id` stands for (empty for unknown ids and unused tokens).
+    /// Whether decoding a whole text drops one leading space (SPM with `add_space_prefix`).
+    fn strips_leading_space(&self) -> bool {
+        self.inner.spm.as_ref().is_some_and(|s| s.add_space_prefix)
+    }
+
+    /// The raw bytes token `id` stands for (its piece: `▁` as a space and `<0xNN>` as its byte in
+    /// SPM vocabularies; empty for unknown ids and unused tokens).
     pub fn token_bytes(&self, id: u32) -> &[u8] {
         let inner = &*self.inner;
         let i = id as usize;
@@ -439,6 +620,26 @@ impl Tokenizer {
         self.inner.add_bos
     }
 
+    /// Whether llama.cpp appends EOS to prompts ([`Tokenizer::encode_special`] does).
+    pub fn add_eos(&self) -> bool {
+        self.inner.add_eos
+    }
+
+    /// Unknown token.
+    pub fn unk(&self) -> Option<u32> {
+        self.inner.unk
+    }
+
+    /// Padding token.
+    pub fn pad(&self) -> Option<u32> {
+        self.inner.pad
+    }
+
+    /// The vocabulary kind.
+    pub fn kind(&self) -> VocabKind {
+        self.inner.kind
+    }
+
     /// Whether `id` is a control token (type 3).
     pub fn is_control(&self, id: u32) -> bool {
         self.inner.types.get(id as usize) == Some(&TYPE_CONTROL)
@@ -474,21 +675,42 @@ fn parse_byte_token(text: &str) -> Option<u8> {
 
 /// Incremental detokenizer: turns a stream of token ids into text without ever emitting part
 /// of a UTF-8 character.
+///
+/// [`StreamDecoder::new`] continues a text (generated tokens after a prompt): every token's
+/// piece is emitted whole, as llama.cpp's server streams them. [`StreamDecoder::text_start`]
+/// starts a text and drops the leading space like [`Tokenizer::decode`], so its output is
+/// exactly `decode` of the same ids.
 #[derive(Clone, Debug, Default)]
 pub struct StreamDecoder {
     pending: Vec<u8>,
+    /// Drop one leading space of the next token when the tokenizer strips it.
+    at_text_start: bool,
 }
 
 impl StreamDecoder {
-    /// A decoder with nothing pending.
+    /// A decoder with nothing pending that continues a text.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A decoder for a whole text from its first token (see the type's documentation).
+    pub fn text_start() -> Self {
+        StreamDecoder {
+            pending: Vec::new(),
+            at_text_start: true,
+        }
     }
 
     /// Adds token `id` and returns the text that is complete now. Bytes that can never form a
     /// valid character are emitted as U+FFFD; an incomplete trailing character is held back.
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> String {
-        self.pending.extend_from_slice(tok.token_bytes(id));
+        let piece = tok.token_bytes(id);
+        if std::mem::take(&mut self.at_text_start) && tok.strips_leading_space() {
+            self.pending
+                .extend_from_slice(piece.strip_prefix(b" ").unwrap_or(piece));
+        } else {
+            self.pending.extend_from_slice(piece);
+        }
         let mut out = String::new();
         let mut start = 0;
         loop {

@@ -130,6 +130,7 @@ impl TokenizerSpec {
             add_bos: cfg["add_bos_token"].as_bool().unwrap_or(false),
             tokens,
             token_types: types,
+            ..TokenizerSpec::default()
         })
     }
 }

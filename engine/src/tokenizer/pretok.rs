@@ -18,6 +18,37 @@ const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])
 /// Qwen 2's pattern: Llama 3's with single digits.
 const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// DeepSeek LLM: Latin, Greek, Cyrillic and other cased letters (as llama.cpp lists them).
+const DEEPSEEK_LETTERS: &str = r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+";
+/// DeepSeek LLM: ASCII and full-width punctuation.
+const DEEPSEEK_PUNCT: &str = r"\s?[!-/:-~！-／：-～‘-‟　-。]+";
+/// DeepSeek: CJK ideographs and Hangul.
+const DEEPSEEK_CJK: &str = r"[一-龥ࠀ-一가-퟿]+";
+/// Qwen 3.5: Qwen 2's pattern with combining marks kept with letters.
+const QWEN35: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Falcon: punctuation runs.
+const FALCON_PUNCT: &str = r"[\p{P}\$\+<=>\^~\|`]+";
+
+/// The pre-tokenizer names llama.cpp gives Llama 3's split rules (these also add BOS by
+/// default).
+const LLAMA3_NAMES: &[&str] = &[
+    "llama3",
+    "llama-v3",
+    "llama-bpe",
+    "falcon3",
+    "falcon-h1",
+    "pixtral",
+    "midm-2.0",
+    "lfm2",
+    "jina-v5-nano",
+];
+
+/// Whether llama.cpp adds BOS by default for BPE pre-tokenizer `name` (when the GGUF file has
+/// no `tokenizer.ggml.add_bos_token`).
+pub(super) fn adds_bos(name: &str) -> bool {
+    LLAMA3_NAMES.contains(&name)
+}
+
 /// A compiled pre-tokenizer.
 #[derive(Clone, Debug)]
 pub(super) struct PreTokenizer {
@@ -31,11 +62,38 @@ impl PreTokenizer {
     pub fn new(name: &str) -> Result<Self, TokenizerError> {
         let (patterns, ignore_merges): (&[&str], bool) = match name {
             "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone"
-            | "minerva-7b" => (&[r"\p{N}", GPT2], false),
-            "gpt2" | "mpt" | "olmo" | "jais" | "trillion" => (&[GPT2], false),
-            "llama-bpe" | "llama3" | "llama-v3" | "falcon3" | "pixtral" => (&[LLAMA3], true),
+            | "minerva-7b" | "mellum2" => (&[r"\p{N}", GPT2], false),
+            "gpt2" | "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "trillion" | "exaone4"
+            | "granite-docling" | "gigachat" | "mellum" | "a.x-4.0" | "jina-es" | "jina-de"
+            | "jina-v2-es" | "jina-v2-de" | "modern-bert" => (&[GPT2], false),
+            _ if LLAMA3_NAMES.contains(&name) => (&[LLAMA3], true),
             "dbrx" | "smaug-bpe" => (&[LLAMA3], false),
-            "qwen2" | "stablelm2" | "deepseek-r1-qwen" | "megrez" => (&[QWEN2], false),
+            "qwen2" | "stablelm2" | "deepseek-r1-qwen" | "megrez" | "kormo" | "f2llmv2" => {
+                (&[QWEN2], false)
+            }
+            "qwen35" => (&[QWEN35], false),
+            "falcon" => (&[FALCON_PUNCT, GPT2, r"[0-9][0-9][0-9]"], false),
+            "deepseek-llm" => (
+                &[
+                    r"[\r\n]",
+                    DEEPSEEK_LETTERS,
+                    DEEPSEEK_PUNCT,
+                    r"\s+$",
+                    DEEPSEEK_CJK,
+                    r"\p{N}+",
+                ],
+                false,
+            ),
+            "deepseek-coder" => (
+                &[
+                    r"[\r\n]",
+                    r"\s?\p{L}+",
+                    r"\s?\p{P}+",
+                    DEEPSEEK_CJK,
+                    r"\p{N}",
+                ],
+                false,
+            ),
             "default" => (
                 &[r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"],
                 false,

@@ -166,6 +166,7 @@ fn toy_spec(pre: &str) -> TokenizerSpec {
         bos: None,
         eos: None,
         add_bos: false,
+        ..TokenizerSpec::default()
     }
 }
 
@@ -213,7 +214,7 @@ fn toy_vocab_and_errors() {
 }
 
 #[test]
-fn non_gpt2_model_is_rejected() {
+fn unknown_model_is_rejected() {
     // Build a minimal GGUF whose tokenizer model is "llama".
     let mut b = b"GGUF".to_vec();
     b.extend(3u32.to_le_bytes());
@@ -223,11 +224,11 @@ fn non_gpt2_model_is_rejected() {
     b.extend((key.len() as u64).to_le_bytes());
     b.extend(key.as_bytes());
     b.extend(8u32.to_le_bytes());
-    b.extend(5u64.to_le_bytes());
-    b.extend(b"llama");
+    b.extend(2u64.to_le_bytes());
+    b.extend(b"t5");
     let g = GgufFile::from_bytes(b).unwrap();
     match Tokenizer::from_gguf(&g) {
-        Err(TokenizerError::UnsupportedModel(m)) => assert_eq!(m, "llama"),
+        Err(TokenizerError::UnsupportedModel(m)) => assert_eq!(m, "t5"),
         other => panic!("expected UnsupportedModel, got {other:?}"),
     }
 }
