@@ -97,6 +97,7 @@ impl ChatTemplate {
         });
         env.add_function("strftime_now", pycompat::strftime_now);
         env.add_filter("tojson", pycompat::tojson);
+        env.add_test("iterable", pycompat::is_iterable);
         env.add_template_owned(TEMPLATE_NAME, source.to_string())
             .map_err(|e| ChatError::Syntax(describe(&e)))?;
         Ok(ChatTemplate {

@@ -366,6 +366,17 @@ impl serde_json::ser::Formatter for PyFormatter {
     }
 }
 
+/// Jinja2's `is iterable`: Python's `iter()` succeeds. `None`, booleans and numbers are not
+/// iterable; strings, lists, dicts and Jinja2's `Undefined` are. (minijinja's own test also
+/// counts `none`, which makes `tools is iterable and tools | length > 0` fail without tools.)
+pub(super) fn is_iterable(value: &Value) -> bool {
+    match value.kind() {
+        ValueKind::None | ValueKind::Bool | ValueKind::Number | ValueKind::Invalid => false,
+        ValueKind::Undefined | ValueKind::String | ValueKind::Bytes => true,
+        _ => value.try_iter().is_ok(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
