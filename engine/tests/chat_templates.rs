@@ -6,6 +6,8 @@
 //! without the generation prompt. Equal text, or both raise (Gemma 2 rejects a system turn
 //! with `raise_exception`) with the same message, or both fail.
 
+mod llama_ref;
+
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -35,12 +37,7 @@ const KNOWN_DIFFERENT: &[(&str, &str)] = &[
 ];
 
 fn templates_dir() -> PathBuf {
-    match std::env::var_os("CLEAVE_LLAMA_VOCAB_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-            .join(".cache/cleave/llama-vocab"),
-    }
-    .join("templates")
+    llama_ref::dir().join("templates")
 }
 
 fn conversations() -> Vec<Vec<ChatMessage>> {

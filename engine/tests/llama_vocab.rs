@@ -4,6 +4,8 @@
 //! `add_special = false, parse_special = false`). Also `decode(encode(text)) == text` and the
 //! streaming decoder never emitting a split UTF-8 character.
 
+mod llama_ref;
+
 use std::path::PathBuf;
 
 use cleave_engine::gguf::GgufFile;
@@ -27,11 +29,7 @@ const SUPPORTED: &[&str] = &[
 ];
 
 fn vocab_dir() -> PathBuf {
-    match std::env::var_os("CLEAVE_LLAMA_VOCAB_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-            .join(".cache/cleave/llama-vocab"),
-    }
+    llama_ref::dir()
 }
 
 fn cases(dir: &std::path::Path, name: &str) -> Vec<(String, Vec<u32>)> {
