@@ -1,7 +1,7 @@
 //! Where `scripts/llama-vocab` puts llama.cpp's reference files (vocab test GGUFs, and the chat
 //! templates in `templates/`): `$CLEAVE_LLAMA_VOCAB_DIR`, else `~/.cache/cleave/llama-vocab`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub fn dir() -> PathBuf {
     match std::env::var_os("CLEAVE_LLAMA_VOCAB_DIR") {
@@ -9,4 +9,16 @@ pub fn dir() -> PathBuf {
         None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
             .join(".cache/cleave/llama-vocab"),
     }
+}
+
+/// Whether `path` (a file or folder `scripts/llama-vocab` writes) is there. When it is not, the
+/// test fails under CI (the test command fetches the files) and says SKIPPED elsewhere.
+pub fn available(path: &Path) -> bool {
+    if path.exists() {
+        return true;
+    }
+    let msg = format!("{} missing (run scripts/llama-vocab)", path.display());
+    assert!(std::env::var_os("CI").is_none(), "{msg}");
+    eprintln!("SKIPPED: {msg}");
+    false
 }
