@@ -349,6 +349,12 @@ pub fn tokenize(
             };
             let text = rendered.map_err(|e| match e {
                 ChatError::Raised(m) => ApiError::invalid("messages", m),
+                // The template compiled at load, so a failure now comes from these messages
+                // (a shape the model's template does not handle): the client's to fix.
+                ChatError::Render(m) => ApiError::invalid(
+                    "messages",
+                    format!("the model's chat template cannot render these messages: {m}"),
+                ),
                 other => ApiError::Internal(format!("chat template: {other}")),
             })?;
             (vec![t.tokenizer.encode(&text, true)], "messages")

@@ -137,6 +137,37 @@ async fn unknown_model_is_404_model_not_found() {
     assert!(e["message"].as_str().unwrap().contains("gpt-4o"));
 }
 
+/// A template failure caused by the conversation's shape is the client's: a 400 naming
+/// `messages`, both when the template raises and when it fails to render them.
+#[tokio::test]
+async fn chat_template_failures_on_these_messages_are_400() {
+    for (template, says) in [
+        (
+            "{% if messages[0].role != 'user' %}{{ raise_exception('a user turn must come first') }}{% endif %}ok",
+            "a user turn must come first",
+        ),
+        (
+            "{{ messages[0].content.nosuchmethod() }}",
+            "cannot render these messages",
+        ),
+    ] {
+        let Some(h) = harness(Opts {
+            template: Some(template),
+            ..Opts::default()
+        }) else {
+            return;
+        };
+        let r = h
+            .post("/v1/chat/completions", json!({"model": MODEL, "messages": hello()}))
+            .await;
+        let e = r.error(StatusCode::BAD_REQUEST);
+        assert_eq!(e["type"], "invalid_request_error", "{e}");
+        assert_eq!(e["param"], "messages", "{e}");
+        assert!(e["message"].as_str().unwrap().contains(says), "{e}");
+        assert!(h.requests().is_empty(), "nothing may reach the backend");
+    }
+}
+
 #[tokio::test]
 async fn context_length_exceeded() {
     let Some(h) = harness(Opts {
