@@ -5,6 +5,7 @@
 
 mod common;
 
+use cleave_engine::constrain::Constraint;
 use cleave_engine::engine::{Engine, EngineConfig, FinishReason, GenerateRequest, SeqEvent, Usage};
 use cleave_engine::sample::SamplingParams;
 
@@ -116,6 +117,27 @@ async fn text_held_back_for_a_stop_string_is_streamed_after_the_resume() {
         ..free
     };
     check_resume(params, prompt, 5).await;
+}
+
+/// The grammar takes the resumed tokens: without them it would start again at `{` and mask the
+/// continuation differently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_constrained_request_resumes_inside_its_grammar() {
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 20},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150}
+        },
+        "required": ["name", "age"],
+        "additionalProperties": false
+    });
+    let params = SamplingParams {
+        max_tokens: 40,
+        constraint: Some(Constraint::JsonSchema { schema }),
+        ..Default::default()
+    };
+    check_resume(params, "Describe a person as JSON:", 6).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
