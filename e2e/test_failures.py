@@ -47,6 +47,12 @@ def metric(proc, name):
     return float(m.group(1)) if m else None
 
 
+def metric_sum(proc, name):
+    """The sum of every series of `name`, labelled or not."""
+    body = urllib.request.urlopen(f"http://{proc.addrs['http']}/metrics", timeout=5).read().decode()
+    return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", body, re.M))
+
+
 def wait_until(cond, timeout=30, what="condition"):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -76,8 +82,8 @@ def fleet(cleave_bin):
         procs.append(r)
         base = f"http://{r.addrs['http']}"
         wait_until(lambda: ready(base), what="router ready")
-        # Give the router a moment to see every worker healthy.
-        time.sleep(0.5)
+        wait_until(lambda: metric(r, "cleave_router_healthy_decode_workers") == len(decode),
+                   what="the router seeing every decode worker healthy")
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120)
         client.model = client.models.list().data[0].id
         client._cleave_router = r
@@ -145,6 +151,24 @@ def test_dead_decode_worker_with_migration_off_ends_its_stream_with_an_error_and
         r = client.completions.create(model=client.model, prompt=f"Request {i}: hello", max_tokens=4, temperature=0)
         assert r.usage.completion_tokens == 4
     wait_until(lambda: metric(survivor, "cleave_kv_blocks_used") == 0, what="survivor blocks back to 0")
+
+
+def test_a_decode_worker_dying_at_the_grpc_call_is_placed_around(fleet):
+    """The fault point `decode.generate_calls=1` makes the victim exit (status 86) as its first
+    Generate call arrives: the router's call fails before any event, so the router marks it
+    unhealthy and places the request again (not a migration: nothing was streamed)."""
+    worker, router = fleet
+    victim = worker("decode", env={"CLEAVE_FAULT": "decode.generate_calls=1"})
+    survivor = worker("decode")
+    client = router([], [victim, survivor], "--policy", "round-robin")
+    for i in range(4):
+        r = client.completions.create(model=client.model, prompt=f"Request {i}: hello", max_tokens=4, temperature=0)
+        assert r.usage.completion_tokens == 4
+    assert victim.p.wait(timeout=30) == 86
+    routed = client_router(client)
+    # Round-robin tried the victim once: one placement more than requests, no migration.
+    assert metric_sum(routed, "cleave_router_placements_total") == 5
+    assert (metric(routed, "cleave_router_migrations_total") or 0) == 0
 
 
 def stream_completion(client, prompt, **kw):

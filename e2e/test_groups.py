@@ -5,6 +5,7 @@ serves again."""
 
 import os
 import signal
+import sys
 import subprocess
 import threading
 import time
@@ -31,6 +32,10 @@ class Up:
         threading.Thread(target=lambda: [None for _ in self.p.stdout], daemon=True).start()
 
     def stop(self):
+        if sys.exc_info()[0] is not None:
+            # Called from a `finally` while a test fails: pytest shows this output with the
+            # failure, so the router's and workers' warnings say which path ran.
+            print(f"--- the last lines `cleave up` logged:\n{''.join(self.err[-150:])}")
         self.p.send_signal(signal.SIGTERM)
         try:
             self.p.wait(timeout=60)
@@ -73,6 +78,11 @@ class Addr:
         self.addrs = {"http": http}
 
 
+def both_groups_healthy(up):
+    router = Addr(up.base.removesuffix("/v1").removeprefix("http://"))
+    return metric(router, "cleave_router_healthy_decode_workers") == 2
+
+
 def test_killing_a_rank_fails_its_group_and_requests_go_to_the_other_group(cleave_bin):
     port = free_port()
     up = Up(cleave_bin, "--tp", "3", "--prefill", "0", "--decode", "2", "--policy", "round-robin", "--transport", "tcp", "--kv-blocks", "128", "--port", str(port))
@@ -86,7 +96,9 @@ def test_killing_a_rank_fails_its_group_and_requests_go_to_the_other_group(cleav
             except openai.APIStatusError:
                 return False
 
-        # The router sees both groups healthy once their Watch streams are up.
+        # The router sees both groups healthy once their Watch streams are up: until then
+        # round-robin places everything on the first one.
+        wait_until(lambda: both_groups_healthy(up), timeout=60, what="the router seeing both groups")
         wait_until(answers, timeout=60, what="the router placing requests")
         for i in range(2):
             r = client.completions.create(model=model, prompt=f"Group request {i}", max_tokens=4, temperature=0)
@@ -136,6 +148,9 @@ def test_a_group_losing_a_follower_mid_stream_migrates_its_streams(cleave_bin):
             except openai.APIStatusError:
                 return False
 
+        # Both groups healthy in the router before the streams start, so round-robin puts 2 on
+        # each (with one group unseen, all 4 would land on the other and have nowhere to go).
+        wait_until(lambda: both_groups_healthy(up), timeout=60, what="the router seeing both groups")
         wait_until(answers, timeout=60, what="the router placing requests")
         prompts = [f"Chapter {i}. It was a dark and stormy night;" for i in range(4)]
         kw = dict(model=model, max_tokens=128, temperature=0, extra_body={"ignore_eos": True})

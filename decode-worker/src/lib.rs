@@ -22,6 +22,7 @@ pub fn service(state: Arc<WorkerState>) -> DecodeWorkerServer<Decode> {
     DecodeWorkerServer::new(Decode {
         state,
         prefill: Arc::new(channels::Channels::default()),
+        calls: Default::default(),
     })
 }
 
@@ -44,6 +45,8 @@ pub struct Decode {
     state: Arc<WorkerState>,
     /// Channels to prefill workers, shared by every request.
     prefill: Arc<channels::Channels>,
+    /// `Generate` calls received (the `decode.generate_calls` fault point).
+    calls: std::sync::atomic::AtomicU64,
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::GenerateEvent, Status>> + Send>>;
@@ -58,13 +61,22 @@ impl DecodeWorker for Decode {
         request: Request<pb::GenerateRequest>,
     ) -> Result<Response<EventStream>, Status> {
         let arrival = std::time::Instant::now();
+        let call = self
+            .calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        cleave_worker::fault::point("decode.generate_calls", call);
         let traceparent = cleave_worker::convert::traceparent(request.metadata());
         let req = request.into_inner();
         let params = cleave_worker::convert::sampling(req.params)?;
         // A tensor-parallel group names every rank's region (cleave_worker::rank_kv).
         // A migrated request (resume tokens) is prefilled here: the prefill worker would sample
         // its next token without the output state the resumed tokens built.
-        let remote = !req.prefill_endpoint.is_empty() && req.resume.is_empty();
+        let remote = req
+            .prefill_endpoint
+            .as_deref()
+            .is_some_and(|e| !e.is_empty())
+            && req.resume.is_empty();
         let mode = if remote {
             PrefillMode::Import
         } else {
@@ -131,7 +143,7 @@ impl DecodeWorker for Decode {
                             request_id: req.request_id.clone(),
                             prompt: req.prompt.clone(),
                             params: params.clone(),
-                            endpoint: req.prefill_endpoint.clone(),
+                            endpoint: req.prefill_endpoint.clone().unwrap_or_default(),
                             traceparent: traceparent.clone(),
                             blocks,
                             cached_tokens,

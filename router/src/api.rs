@@ -320,6 +320,9 @@ async fn ready(State(s): State<Arc<ApiState>>) -> Response {
 }
 
 async fn metrics_text(State(s): State<Arc<ApiState>>) -> Response {
+    s.metrics
+        .healthy_decode_workers
+        .set(s.backend.healthy_decode_workers() as i64);
     let mut text = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut text, &s.registry) {
         return ApiError::Internal(format!("encoding metrics: {e}")).into_response();

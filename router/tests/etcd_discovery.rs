@@ -191,7 +191,7 @@ async fn router_discovers_and_drops_an_etcd_registered_worker() {
 
     let cluster = router.cluster.clone();
     wait_for("the router to find the worker", 20, || {
-        cluster.any_decode_ready()
+        cluster.healthy_decode_workers() > 0
     })
     .await;
     let all = cluster.all();

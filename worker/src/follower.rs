@@ -1,8 +1,6 @@
 //! A follower rank's process: join the group, load this rank's shard, and run the leader's
 //! steps until the leader stops the group (exit 0) or the group fails (an error: exit 1).
 
-use std::sync::Arc;
-
 use anyhow::Context;
 use axum::routing::get;
 use cleave_engine::engine::run_follower_with;
@@ -37,7 +35,7 @@ pub async fn run(
         crate::group::load(
             &path,
             threads,
-            Some(g as Arc<dyn cleave_engine::collective::Collective>),
+            Some(crate::fault::compute_collective(g)),
             &args,
         )
     })

@@ -9,7 +9,6 @@
 use std::pin::Pin;
 
 use cleave_engine::sample::SamplingParams;
-use serde::{Deserialize, Serialize};
 
 /// One generation to place and run: a tokenized prompt and how to sample from it.
 #[derive(Clone, Debug, PartialEq)]
@@ -24,19 +23,8 @@ pub struct BackendRequest {
     pub traceparent: Option<String>,
 }
 
-/// Why a generation ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FinishReason {
-    /// An end-of-generation token, a stop token id or a stop string.
-    Stop,
-    /// `max_tokens` was reached.
-    Length,
-    /// The generation was cancelled (normally because the client went away).
-    Cancelled,
-    /// The worker gave up on the generation (e.g. it is shutting down or out of KV memory).
-    Aborted,
-}
+/// Why a generation ended (the one definition, in `cleave-types`).
+pub use cleave_types::FinishReason;
 
 /// What a generation reports, in order: tokens, then exactly one `Finished` or `Error`.
 #[derive(Clone, Debug, PartialEq)]
@@ -99,5 +87,9 @@ pub trait Backend: Send + Sync + 'static {
     /// Model name served (for `/v1/models` and request validation).
     fn model_name(&self) -> &str;
     /// Whether any decode worker is ready (for `/ready`).
-    fn ready(&self) -> bool;
+    fn ready(&self) -> bool {
+        self.healthy_decode_workers() > 0
+    }
+    /// How many decode workers placement may choose now (for `/metrics`).
+    fn healthy_decode_workers(&self) -> usize;
 }

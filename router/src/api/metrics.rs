@@ -114,6 +114,9 @@ pub struct RouterMetrics {
     /// `cleave_router_migrations_total`: streams moved to another decode worker after theirs
     /// failed mid-stream; incremented by the dispatch side.
     pub migrations: Counter,
+    /// `cleave_router_healthy_decode_workers`: decode-capable workers placement may choose now
+    /// (set from the backend at each scrape).
+    pub healthy_decode_workers: Gauge,
 }
 
 impl RouterMetrics {
@@ -130,6 +133,7 @@ impl RouterMetrics {
             generation_tokens: Counter::default(),
             placements: Family::default(),
             migrations: Counter::default(),
+            healthy_decode_workers: Gauge::default(),
         };
         registry.register(
             "cleave_router_requests",
@@ -178,6 +182,11 @@ impl RouterMetrics {
             "cleave_router_migrations",
             "Streams moved to another decode worker after theirs failed mid-stream",
             m.migrations.clone(),
+        );
+        registry.register(
+            "cleave_router_healthy_decode_workers",
+            "Decode-capable workers placement may choose now",
+            m.healthy_decode_workers.clone(),
         );
         m
     }

@@ -163,8 +163,8 @@ impl Backend for Fake {
         MODEL
     }
 
-    fn ready(&self) -> bool {
-        self.ready
+    fn healthy_decode_workers(&self) -> usize {
+        usize::from(self.ready)
     }
 }
 
@@ -181,6 +181,8 @@ pub(super) struct Opts {
     pub admit: AdmitConfig,
     pub max_context: usize,
     pub ready: bool,
+    /// A chat template source to use instead of the model's.
+    pub template: Option<&'static str>,
 }
 
 impl Default for Opts {
@@ -191,12 +193,16 @@ impl Default for Opts {
             admit: AdmitConfig::default(),
             max_context: 2048,
             ready: true,
+            template: None,
         }
     }
 }
 
 pub(super) fn harness(opts: Opts) -> Option<Harness> {
-    let (tok, tmpl) = model()?;
+    let (tok, mut tmpl) = model()?;
+    if let Some(source) = opts.template {
+        tmpl = Arc::new(ChatTemplate::new(source, "", "").expect("test template"));
+    }
     let fake = Arc::new(Fake {
         tok: tok.clone(),
         mode: opts.mode,

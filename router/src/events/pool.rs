@@ -293,8 +293,8 @@ impl Backend for Pool {
         &self.model
     }
 
-    fn ready(&self) -> bool {
-        self.cluster.any_decode_ready()
+    fn healthy_decode_workers(&self) -> usize {
+        self.cluster.healthy_decode_workers()
     }
 }
 
