@@ -489,7 +489,7 @@ pub fn ttft_breakdown(
                     ignore_eos: true,
                     ..Default::default()
                 }),
-                prefill_endpoint: format!("http://{}", prefill.grpc_addr),
+                prefill_endpoint: Some(format!("http://{}", prefill.grpc_addr)),
                 resume: Vec::new(),
             };
             let mut stream = client.generate(req).await?.into_inner();

@@ -227,7 +227,7 @@ pub fn bench_compare(args: CompareArgs) -> anyhow::Result<()> {
                 model: served,
                 api: args.load.api,
                 ignore_eos: !args.load.no_ignore_eos,
-                timeout: Duration::from_secs_f64(args.load.timeout),
+                timeout: args.load.timeout,
             };
             let cfg = bench_serve::run_config(
                 &args.load,

@@ -3,8 +3,6 @@
 //! throughput, goodput, errors, and cleave's prefix hit rate and disaggregated fraction, under a
 //! header that states what a fair comparison holds equal. The engine is [`cleave_loadgen`].
 
-use std::time::Duration;
-
 use anyhow::{bail, Context};
 use clap::Args;
 use cleave_loadgen::arrival::Load;
@@ -124,7 +122,7 @@ pub fn run_config(
             ttft_ms: a.slo_ttft_ms,
             itl_ms: a.slo_itl_ms,
         },
-        duration: a.duration.map(Duration::from_secs_f64),
+        duration: a.duration,
         seed: a.seed,
         progress: !a.no_progress,
         router_metrics,
@@ -179,7 +177,7 @@ pub fn bench_serve(args: ServeArgs) -> anyhow::Result<()> {
             model,
             api: args.load.api,
             ignore_eos: !args.load.no_ignore_eos,
-            timeout: Duration::from_secs_f64(args.load.timeout),
+            timeout: args.load.timeout,
         };
         let cfg = run_config(&args.load, target, metrics, args.worker_metrics.clone());
         run_all(&args.load, &cfg, header, &loads).await

@@ -77,19 +77,8 @@ impl GenerateRequest {
     }
 }
 
-/// Why a sequence ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FinishReason {
-    /// An end-of-generation token, a stop token id or a stop string.
-    Stop,
-    /// `max_tokens` or the context limit.
-    Length,
-    /// The caller cancelled it (or dropped its stream).
-    Cancelled,
-    /// Its KV was to come from another process and did not (without local fallback).
-    Aborted,
-}
+/// Why a sequence ended (defined in `cleave-types`, shared with the router).
+pub use cleave_types::FinishReason;
 
 /// Token counts of a finished request.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -34,11 +34,8 @@ pub use pool::{BlockPool, PoolStats};
 /// Number of tokens in one KV block unless configured otherwise.
 pub const DEFAULT_BLOCK_SIZE: usize = 16;
 
-/// Chained hash of a full block: it identifies the block's tokens *and* every token before them.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
-pub struct BlockHash(pub u64);
+/// Chained hash of a full block (defined in `cleave-types`, shared with the router).
+pub use cleave_types::BlockHash;
 
 /// Index of a block in a [`BlockPool`] (`0..num_blocks`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

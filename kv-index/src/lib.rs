@@ -20,20 +20,8 @@
 
 pub mod index;
 
-pub use cleave_engine::kv::{BlockHash, KvEvent, KvEventRecord};
+pub use cleave_types::{BlockHash, KvEvent, KvEventRecord, WorkerId};
 pub use index::{MatchEntry, Matches, PrefixIndex, DEFAULT_MAX_ENTRIES};
-
-/// The id the router knows a worker by (assigned by discovery; stable for the worker's life).
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
-pub struct WorkerId(pub u64);
-
-impl std::fmt::Display for WorkerId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "w{}", self.0)
-    }
-}
 
 /// A worker's event ids skipped: the event was not applied, and the caller must resync the worker
 /// ([`PrefixIndex::apply_snapshot`], or [`PrefixIndex::reset_worker`] and replay from a known id).

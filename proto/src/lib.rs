@@ -11,6 +11,7 @@ pub mod v1 {
 /// Between the wire's sampling parameters and the engine's, in both directions.
 pub mod convert {
     use cleave_engine::constrain::Constraint;
+    use cleave_engine::engine::FinishReason;
     use cleave_engine::sample::SamplingParams;
 
     use crate::v1 as pb;
@@ -78,9 +79,46 @@ pub mod convert {
         }
     }
 
+    /// The wire form of a finish reason.
+    pub fn finish_to_wire(r: FinishReason) -> pb::FinishReason {
+        match r {
+            FinishReason::Stop => pb::FinishReason::Stop,
+            FinishReason::Length => pb::FinishReason::Length,
+            FinishReason::Cancelled => pb::FinishReason::Cancelled,
+            FinishReason::Aborted => pb::FinishReason::Aborted,
+        }
+    }
+
+    /// A finish reason from the wire; an unset one (or one this build does not know, which
+    /// prost reads as unset) counts as aborted: the worker did not say the request succeeded.
+    pub fn finish_from_wire(r: pb::FinishReason) -> FinishReason {
+        match r {
+            pb::FinishReason::Stop => FinishReason::Stop,
+            pb::FinishReason::Length => FinishReason::Length,
+            pb::FinishReason::Cancelled => FinishReason::Cancelled,
+            pb::FinishReason::Aborted | pb::FinishReason::Unspecified => FinishReason::Aborted,
+        }
+    }
+
     #[cfg(test)]
     mod tests {
         use super::*;
+
+        #[test]
+        fn finish_reasons_round_trip_and_unset_is_aborted() {
+            for r in FinishReason::ALL {
+                assert_eq!(finish_from_wire(finish_to_wire(r)), r);
+            }
+            assert_eq!(
+                finish_from_wire(pb::Finished::default().reason()),
+                FinishReason::Aborted
+            );
+            let unknown = pb::Finished {
+                reason: 99,
+                ..Default::default()
+            };
+            assert_eq!(finish_from_wire(unknown.reason()), FinishReason::Aborted);
+        }
 
         #[test]
         fn round_trip() {

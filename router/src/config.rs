@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
+use cleave_types::duration::parse_positive_duration;
 
 use crate::place::PolicyKind;
 
@@ -75,7 +76,7 @@ pub struct RouterConfig {
     pub tls_client_ca: Option<PathBuf>,
     /// How often the TLS files and the API keys file are read again for changes (a SIGHUP
     /// rereads them at once).
-    #[arg(long, env = "CLEAVE_RELOAD_INTERVAL", value_parser = parse_secs, default_value = "10")]
+    #[arg(long, env = "CLEAVE_RELOAD_INTERVAL", value_parser = parse_positive_duration, default_value = "10s")]
     pub reload_interval: Duration,
     /// Requests running at once.
     #[arg(long, env = "CLEAVE_MAX_IN_FLIGHT", default_value_t = 64)]
@@ -84,7 +85,7 @@ pub struct RouterConfig {
     #[arg(long, env = "CLEAVE_MAX_QUEUE", default_value_t = 256)]
     pub max_queue: usize,
     /// Longest time a request may take, queueing included.
-    #[arg(long, env = "CLEAVE_REQUEST_TIMEOUT", value_parser = parse_secs, default_value = "600")]
+    #[arg(long, env = "CLEAVE_REQUEST_TIMEOUT", value_parser = parse_positive_duration, default_value = "600s")]
     pub request_timeout: Duration,
     /// etcd endpoints (comma-separated) to discover workers from (combinable with
     /// `--decode`/`--prefill`).
@@ -105,7 +106,7 @@ pub struct RouterConfig {
     #[arg(long, env = "CLEAVE_KUBE_SELECTOR")]
     pub kube_selector: Option<String>,
     /// How often all worker pods are listed again besides the watch (which can miss deletions).
-    #[arg(long, env = "CLEAVE_KUBE_RELIST", value_parser = parse_secs, default_value = "30")]
+    #[arg(long, env = "CLEAVE_KUBE_RELIST", value_parser = parse_positive_duration, default_value = "30s")]
     pub kube_relist: Duration,
     /// Route to a pool of vLLM or SGLang pods (`--kv-events-pod`) instead of cleave workers,
     /// keeping the prefix index from their ZMQ KV events (docs/kv-events.md).
@@ -245,15 +246,6 @@ impl RouterConfig {
         }
         Ok(())
     }
-}
-
-pub(crate) fn parse_secs(s: &str) -> Result<Duration, String> {
-    s.trim_end_matches('s')
-        .parse::<f64>()
-        .ok()
-        .filter(|v| *v > 0.0 && v.is_finite())
-        .map(Duration::from_secs_f64)
-        .ok_or_else(|| format!("invalid number of seconds {s:?}"))
 }
 
 #[cfg(test)]

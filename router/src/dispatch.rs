@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use cleave_engine::kv::block_hashes;
 use cleave_kv_index::{BlockHash, Matches, PrefixIndex, WorkerId};
+use cleave_proto::convert::finish_from_wire;
 use cleave_proto::v1 as pb;
 use cleave_proto::v1::decode_worker_client::DecodeWorkerClient;
 use tokio_stream::StreamExt;
@@ -253,13 +254,14 @@ impl Cluster {
             .collect()
     }
 
-    /// Whether any decode-capable worker is healthy.
-    pub fn any_decode_ready(&self) -> bool {
+    /// How many decode-capable workers are healthy.
+    pub fn healthy_decode_workers(&self) -> usize {
         self.view
             .lock()
             .expect("view")
             .iter()
-            .any(|w| w.healthy && w.role.can_decode())
+            .filter(|w| w.healthy && w.role.can_decode())
+            .count()
     }
 }
 
@@ -391,15 +393,6 @@ impl Inner {
     }
 }
 
-fn finish_reason(s: &str) -> FinishReason {
-    match s {
-        "stop" => FinishReason::Stop,
-        "length" => FinishReason::Length,
-        "cancelled" => FinishReason::Cancelled,
-        _ => FinishReason::Aborted,
-    }
-}
-
 fn event(ev: pb::GenerateEvent) -> Option<BackendEvent> {
     Some(match ev.event? {
         pb::generate_event::Event::Token(t) => BackendEvent::Token {
@@ -409,7 +402,7 @@ fn event(ev: pb::GenerateEvent) -> Option<BackendEvent> {
             top: t.top.into_iter().map(|x| (x.token, x.logprob)).collect(),
         },
         pb::generate_event::Event::Finished(f) => BackendEvent::Finished {
-            reason: finish_reason(&f.reason),
+            reason: finish_from_wire(f.reason()),
             prompt_tokens: f.prompt_tokens as usize,
             completion_tokens: f.completion_tokens as usize,
             cached_tokens: f.cached_tokens as usize,
@@ -419,15 +412,9 @@ fn event(ev: pb::GenerateEvent) -> Option<BackendEvent> {
 }
 
 /// Why a first event shows the request never started (`Finished` as aborted with no token).
-fn aborted_before_any_token(ev: &pb::GenerateEvent) -> Option<&str> {
-    match &ev.event {
-        Some(pb::generate_event::Event::Finished(f))
-            if f.completion_tokens == 0 && finish_reason(&f.reason) == FinishReason::Aborted =>
-        {
-            Some(&f.reason)
-        }
-        _ => None,
-    }
+fn aborted_before_any_token(ev: &pb::GenerateEvent) -> bool {
+    matches!(&ev.event, Some(pb::generate_event::Event::Finished(f))
+        if f.completion_tokens == 0 && finish_from_wire(f.reason()) == FinishReason::Aborted)
 }
 
 impl Inner {
@@ -460,10 +447,9 @@ impl Inner {
             let prefill_endpoint = placement
                 .prefill
                 .and_then(|p| self.cluster.get(p))
-                .map(|p| p.endpoint)
-                .unwrap_or_default();
+                .map(|p| p.endpoint);
             if let Some(m) = &self.metrics {
-                let mode = if prefill_endpoint.is_empty() {
+                let mode = if prefill_endpoint.is_none() {
                     PlacementMode::Local
                 } else {
                     PlacementMode::Disaggregated
@@ -506,8 +492,8 @@ impl Inner {
             };
             let (first, stream) = match opened {
                 Ok(Some((first, stream))) => {
-                    if let Some(reason) = aborted_before_any_token(&first) {
-                        tracing::warn!(worker = %placement.decode, %reason, "request aborted before its first token: placing it again");
+                    if aborted_before_any_token(&first) {
+                        tracing::warn!(worker = %placement.decode, "request aborted before its first token: placing it again");
                         continue;
                     }
                     (first, stream)
@@ -554,8 +540,8 @@ impl Backend for Dispatcher {
         &self.inner.model
     }
 
-    fn ready(&self) -> bool {
-        self.inner.cluster.any_decode_ready()
+    fn healthy_decode_workers(&self) -> usize {
+        self.inner.cluster.healthy_decode_workers()
     }
 }
 

@@ -34,7 +34,7 @@ struct Fake {
 
 type Events = Pin<Box<dyn Stream<Item = Result<pb::GenerateEvent, Status>> + Send>>;
 
-fn finished(reason: &str, completion_tokens: u32) -> pb::GenerateEvent {
+fn finished(reason: pb::FinishReason, completion_tokens: u32) -> pb::GenerateEvent {
     pb::GenerateEvent {
         event: Some(pb::generate_event::Event::Finished(pb::Finished {
             reason: reason.into(),
@@ -61,7 +61,7 @@ impl DecodeWorker for Fake {
                         ..Default::default()
                     })),
                 }),
-                Ok(finished("length", 1)),
+                Ok(finished(pb::FinishReason::Length, 1)),
             ],
             Behaviour::RefuseCall => {
                 return Err(Status::unavailable(
@@ -69,7 +69,7 @@ impl DecodeWorker for Fake {
                 ))
             }
             Behaviour::FailFirstEvent => vec![Err(Status::internal("collective failed"))],
-            Behaviour::AbortBeforeFirstToken => vec![Ok(finished("aborted", 0))],
+            Behaviour::AbortBeforeFirstToken => vec![Ok(finished(pb::FinishReason::Aborted, 0))],
             Behaviour::BadRequest => {
                 return Err(Status::invalid_argument("token id 99999 is outside"))
             }

@@ -8,7 +8,7 @@ use clap::{Args, ValueEnum};
 use cleave_engine::kv::memory::KvDtype;
 use cleave_kv_transfer::BackendChoice;
 
-use crate::duration::parse_duration;
+use cleave_types::duration::parse_duration;
 
 /// What a worker does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]

@@ -1,6 +1,6 @@
 //! Between the gRPC messages and the engine's types, in one place.
 
-use cleave_engine::engine::{FinishReason, SeqEvent, Usage};
+use cleave_engine::engine::{SeqEvent, Usage};
 use cleave_engine::sample::{SamplingParams, TokenLogprob};
 use cleave_proto::v1 as pb;
 use tonic::Status;
@@ -42,16 +42,6 @@ pub fn logprob(lp: Option<TokenLogprob>) -> (Option<f32>, Vec<pb::TopLogprob>) {
     }
 }
 
-/// The wire name of a finish reason.
-pub fn reason(r: FinishReason) -> &'static str {
-    match r {
-        FinishReason::Stop => "stop",
-        FinishReason::Length => "length",
-        FinishReason::Cancelled => "cancelled",
-        FinishReason::Aborted => "aborted",
-    }
-}
-
 /// A streamed token or the end, for the decode worker's `Generate` stream (`None` for events
 /// that stay inside the worker).
 pub fn generate_event(
@@ -84,7 +74,7 @@ pub fn generate_event(
                 },
             text,
         } => Event::Finished(pb::Finished {
-            reason: reason(r).to_string(),
+            reason: cleave_proto::convert::finish_to_wire(r).into(),
             prompt_tokens: prompt_tokens as u32,
             completion_tokens: completion_tokens as u32,
             cached_tokens: cached_tokens as u32,

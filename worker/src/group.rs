@@ -16,7 +16,7 @@ use cleave_engine::load::Loaded;
 use cleave_engine::model::Model;
 use cleave_engine::tokenizer::Tokenizer;
 
-use crate::duration::parse_duration;
+use cleave_types::duration::parse_duration;
 
 /// Group membership and behaviour (flags, `CLEAVE_GROUP_*`, or LeaderWorkerSet's `LWS_*`).
 #[derive(Clone, Debug, Args)]

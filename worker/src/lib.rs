@@ -21,7 +21,6 @@
 
 pub mod config;
 pub mod convert;
-pub mod duration;
 pub mod fault;
 pub mod follower;
 pub mod group;

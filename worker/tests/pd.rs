@@ -89,9 +89,7 @@ async fn generate(
         request_id: "test".into(),
         prompt: prompt.to_vec(),
         params: Some(greedy(n)),
-        prefill_endpoint: prefill
-            .map(|p| format!("http://{}", p.grpc_addr))
-            .unwrap_or_default(),
+        prefill_endpoint: prefill.map(|p| format!("http://{}", p.grpc_addr)),
         resume: Vec::new(),
     };
     let mut stream = client.generate(req).await.unwrap().into_inner();
@@ -155,7 +153,7 @@ async fn disaggregated_equals_single_process(transport: BackendChoice) {
         let (got, fin) = generate(&decode, &prompt, Some(&prefill), 16).await;
         assert_eq!(got, want, "{transport:?}: {}-token prompt", prompt.len());
         assert!(fin.disaggregated);
-        assert_eq!(fin.reason, "length");
+        assert_eq!(fin.reason(), pb::FinishReason::Length);
         let t = fin
             .ttft
             .expect("a disaggregated request reports its TTFT breakdown");
@@ -230,7 +228,7 @@ async fn unreachable_prefill_worker_falls_back_to_local_prefill() {
         request_id: "fallback".into(),
         prompt: prompt.clone(),
         params: Some(greedy(8)),
-        prefill_endpoint: format!("http://{dead}"),
+        prefill_endpoint: Some(format!("http://{dead}")),
         resume: Vec::new(),
     };
     let mut stream = client.generate(req).await.unwrap().into_inner();
@@ -352,7 +350,7 @@ async fn a_client_gone_during_the_remote_prefill_cancels_the_prefill() {
         request_id: "gone".into(),
         prompt,
         params: Some(greedy(8)),
-        prefill_endpoint: format!("http://{}", prefill.grpc_addr),
+        prefill_endpoint: Some(format!("http://{}", prefill.grpc_addr)),
         resume: Vec::new(),
     };
     let call = tokio::spawn(async move {

@@ -2,6 +2,7 @@
 //! build: the load points, each point's requests, and the workload half of the header.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::bail;
 use clap::Args;
@@ -11,6 +12,7 @@ use cleave_loadgen::report::{describe_lengths, machine, measured_prefix_overlap,
 use cleave_loadgen::tokens::{PromptFormat, TokenMap};
 use cleave_loadgen::trace::{self, TraceSample, TraceScale, MOONCAKE_BLOCK_TOKENS};
 use cleave_loadgen::workload::{LengthDist, RequestSpec, Synthetic};
+use cleave_types::duration::parse_positive_duration;
 
 /// What is sent and how fast: shared by `bench serve` and `bench compare`.
 #[derive(Debug, Clone, Args)]
@@ -66,9 +68,10 @@ pub struct LoadArgs {
     /// fast), one load point each.
     #[arg(long, value_delimiter = ',')]
     pub replay: Vec<f64>,
-    /// Stop sending new requests after this many seconds of a load point.
-    #[arg(long)]
-    pub duration: Option<f64>,
+    /// Stop sending new requests after this long into a load point (`90s`, `2m`; a plain
+    /// number is seconds).
+    #[arg(long, value_parser = parse_positive_duration)]
+    pub duration: Option<Duration>,
     /// Warm-up requests before the first load point (sent one at a time, not counted).
     #[arg(long, default_value_t = 2)]
     pub warmup: usize,
@@ -90,9 +93,9 @@ pub struct LoadArgs {
     /// Seed of prompts, lengths and arrivals.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
-    /// Per-request timeout, s.
-    #[arg(long, default_value_t = 300.0)]
-    pub timeout: f64,
+    /// Per-request timeout (a plain number is seconds).
+    #[arg(long, value_parser = parse_positive_duration, default_value = "300s")]
+    pub timeout: Duration,
     /// No progress bar.
     #[arg(long)]
     pub no_progress: bool,
@@ -220,7 +223,7 @@ pub fn workload_header(
 ) -> Header {
     Header {
         load: loads.iter().map(|l| l.label()).collect::<Vec<_>>().join(", ")
-            + &a.duration.map(|d| format!(" (at most {d} s each)")).unwrap_or_default(),
+            + &a.duration.map(|d| format!(" (at most {} s each)", d.as_secs_f64())).unwrap_or_default(),
         workload: desc,
         prompt_lengths: describe_lengths(&first.iter().map(|s| s.prompt_tokens).collect::<Vec<_>>()),
         output_lengths: describe_lengths(&first.iter().map(|s| s.max_tokens).collect::<Vec<_>>()),

@@ -235,7 +235,7 @@ pub async fn generate_via(
         request_id: "group-test".into(),
         prompt: prompt.to_vec(),
         params: Some(greedy(n)),
-        prefill_endpoint: prefill.to_string(),
+        prefill_endpoint: (!prefill.is_empty()).then(|| prefill.to_string()),
         resume: Vec::new(),
     };
     let mut stream = client
@@ -248,7 +248,7 @@ pub async fn generate_via(
         match ev.event.unwrap() {
             pb::generate_event::Event::Token(t) => ids.push(t.id),
             pb::generate_event::Event::Finished(f) => {
-                if f.reason == "aborted" {
+                if f.reason() == pb::FinishReason::Aborted {
                     return Err(format!("aborted after {} tokens", ids.len()));
                 }
                 return Ok(ids);

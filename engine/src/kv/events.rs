@@ -11,32 +11,10 @@
 
 use std::collections::VecDeque;
 
-use super::BlockHash;
-
 /// Default bound on events pending between two drains.
 pub const DEFAULT_EVENT_CAPACITY: usize = 65_536;
 
-/// A change to the set of block hashes cached by one pool.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum KvEvent {
-    /// `blocks` are now cached, each the child of the previous one; the first is the child of
-    /// `parent` (`None`: the first block of a sequence).
-    Stored {
-        parent: Option<BlockHash>,
-        blocks: Vec<BlockHash>,
-    },
-    /// `hashes` are no longer cached.
-    Removed { hashes: Vec<BlockHash> },
-    /// Nothing is cached any more.
-    Cleared,
-}
-
-/// An event with its sequence number in its pool.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct KvEventRecord {
-    pub id: u64,
-    pub event: KvEvent,
-}
+pub use cleave_types::kv::{KvEvent, KvEventRecord};
 
 /// Bounded FIFO of pending events with contiguous ids.
 #[derive(Debug)]
@@ -101,6 +79,7 @@ impl EventLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv::BlockHash;
 
     fn removed(h: u64) -> KvEvent {
         KvEvent::Removed {

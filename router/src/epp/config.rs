@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::config::parse_secs;
+use cleave_types::duration::parse_positive_duration;
 
 /// Endpoint picker settings.
 #[derive(Clone, Debug, Args)]
@@ -27,7 +27,7 @@ pub struct EppConfig {
     #[arg(long, env = "CLEAVE_EPP_METRICS_PATH", default_value = "/metrics")]
     pub metrics_path: String,
     /// How often the model servers' metrics are scraped (seconds).
-    #[arg(long, env = "CLEAVE_EPP_SCRAPE_INTERVAL", value_parser = parse_secs, default_value = "1")]
+    #[arg(long, env = "CLEAVE_EPP_SCRAPE_INTERVAL", value_parser = parse_positive_duration, default_value = "1s")]
     pub scrape_interval: Duration,
     /// KV cache capacity of one model server in blocks of 16 tokens (turns its KV cache usage
     /// ratio into blocks for the placement cost).

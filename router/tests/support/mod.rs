@@ -60,7 +60,7 @@ impl DecodeWorker for Fake {
             let _ = tx.send(Ok(token(42, " ok"))).await;
             let finished = pb::GenerateEvent {
                 event: Some(pb::generate_event::Event::Finished(pb::Finished {
-                    reason: "length".into(),
+                    reason: pb::FinishReason::Length.into(),
                     prompt_tokens,
                     completion_tokens: 2,
                     ..Default::default()
