@@ -34,7 +34,12 @@ node_preflight() {
     [ -x "$KUBE_BIN/$b" ] || die "$KUBE_BIN/$b missing: run '$0 build' first"
   done
   if ip link show "$NODE_BRIDGE" >/dev/null 2>&1; then
-    die "bridge $NODE_BRIDGE exists: a node already runs (scripts/kube-cluster stop ITS_DIR), or a crashed one left it (ip link del $NODE_BRIDGE)"
+    local running
+    running=$(pgrep -a -x kubelet | head -n 1) || true
+    [ -z "$running" ] || die "bridge $NODE_BRIDGE exists and a kubelet runs (pid ${running%% *}): a node already runs here (scripts/kube-cluster stop ITS_DIR)"
+    # No kubelet: a node that was killed without its stop left the bridge (and its rules).
+    log "bridge $NODE_BRIDGE exists but no kubelet runs: removing what a crashed node left (bridge, veths, iptables chains)"
+    node_remove_network
   fi
 }
 
@@ -328,6 +333,16 @@ node_iptables_cleanup() {
   done
 }
 
+# The pods' veths, the bridge and every chain node_network and kube-proxy made (best effort).
+node_remove_network() {
+  local l
+  for l in $(ip -o link show master "$NODE_BRIDGE" 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1); do
+    ip link delete "$l" 2>/dev/null || true
+  done
+  ip link delete "$NODE_BRIDGE" 2>/dev/null || true
+  node_iptables_cleanup
+}
+
 # node_stop DIR: stops the node started from DIR and restores the host.
 node_stop() {
   local dir=$1 node=$1/node
@@ -347,11 +362,7 @@ node_stop() {
   stop_pid "$node" containerd
   # Veths on the bridge, the bridge, the mounts under the node's folder (netns, rootfs overlays,
   # volumes, the kubelet's self bind mount), the pod cgroups.
-  local l
-  for l in $(ip -o link show master "$NODE_BRIDGE" 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1); do
-    ip link delete "$l" 2>/dev/null || true
-  done
-  ip link delete "$NODE_BRIDGE" 2>/dev/null || true
+  node_remove_network
   local m
   for m in $(awk -v p="$node/" 'index($2, p) == 1 || index($2, "/run/containerd/") == 1 {print $2}' /proc/self/mounts | sort -r); do
     umount -l "$m" 2>/dev/null || true
@@ -360,7 +371,6 @@ node_stop() {
   for cg in /sys/fs/cgroup/*/kubepods; do
     [ -d "$cg" ] && find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null || true
   done
-  node_iptables_cleanup
   if [ -f "$node/host.saved" ]; then
     local kind key value
     while read -r kind key value; do
