@@ -46,6 +46,10 @@ pub struct IndexArgs {
     /// Each worker caches unique blocks / workers / this (at least the longest prompt).
     #[arg(long, default_value_t = 4)]
     pub capacity_divisor: usize,
+    /// Cut every prompt to its first N engine blocks (issue 17's cell is 1,000-block prompts;
+    /// default: whole prompts).
+    #[arg(long)]
+    pub prompt_blocks: Option<usize>,
     /// Timed replays per worker count (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub passes: usize,
@@ -93,13 +97,15 @@ struct Replay {
     capacity: usize,
 }
 
-fn record(trace: &[sim::TraceRequest], workers: usize, sub: u64, divisor: usize) -> Replay {
+fn record(trace: &[sim::TraceRequest], workers: usize, args: &IndexArgs) -> Replay {
+    let (sub, divisor) = (args.sub_blocks, args.capacity_divisor);
     let queries: Vec<Vec<BlockHash>> = trace
         .iter()
         .map(|r| {
             r.hash_ids
                 .iter()
                 .flat_map(|&h| (0..sub).map(move |j| BlockHash(splitmix(h.wrapping_mul(sub) + j))))
+                .take(args.prompt_blocks.unwrap_or(usize::MAX))
                 .collect()
         })
         .collect();
@@ -242,9 +248,13 @@ pub fn bench_index(args: IndexArgs) -> anyhow::Result<()> {
     anyhow::ensure!(!trace.is_empty(), "the trace has no requests");
     anyhow::ensure!(args.sub_blocks > 0, "--sub-blocks must be > 0");
     anyhow::ensure!(args.passes > 0, "--passes must be > 0");
+    anyhow::ensure!(args.prompt_blocks != Some(0), "--prompt-blocks must be > 0");
     if !args.json {
+        let cut = args
+            .prompt_blocks
+            .map_or(String::new(), |n| format!(", prompts cut to {n} blocks"));
         println!(
-            "trace: {} requests, each 512-token block as {} engine blocks; one thread",
+            "trace: {} requests, each 512-token block as {} engine blocks{cut}; one thread",
             trace.len(),
             args.sub_blocks
         );
@@ -269,7 +279,7 @@ pub fn bench_index(args: IndexArgs) -> anyhow::Result<()> {
     }
     for &workers in &args.workers {
         anyhow::ensure!(workers > 0, "--workers must be > 0");
-        let r = record(&trace, workers, args.sub_blocks, args.capacity_divisor);
+        let r = record(&trace, workers, &args);
         let mut runs: Vec<Run> = (0..args.passes)
             .map(|_| replay(&r, workers, false))
             .collect();

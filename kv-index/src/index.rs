@@ -1,14 +1,16 @@
 //! [`PrefixIndex`]: which block hashes each worker holds, and the longest cached prefix per worker.
 //!
 //! Layout. Block hashes are chained (each identifies its whole prefix), so the index needs no
-//! tree: one flat map `BlockHash → Holders` keyed with a one-multiply hasher. A block's holders are
-//! worker *slots* (dense numbers the index gives its workers), kept in the map's bucket as a list
-//! of up to six, spilling to a bitset over all slots (8 words at 512 workers) in a shared arena
-//! when more workers hold the block. A lookup walks the query's hashes once, keeping the set of
-//! workers still matching (seeded from the first block's holders, then intersected with each
-//! block's), records each worker's match length when it drops out, and stops at the first block
-//! no remaining worker holds. It probes the map a few blocks ahead (2, 4, …, 16 at a time) so
-//! the probes' cache misses overlap. The result is written in worker order into a buffer the
+//! tree: one flat table `BlockHash → Holders` keyed with a one-multiply hasher, whose entries lie
+//! in first-store order so that a chain stored in one event is consecutive (`blocks.rs`). A
+//! block's holders are worker *slots* (dense numbers the index gives its workers), kept in the
+//! entry as a list of up to six, spilling to a bitset over all slots (8 words at 512 workers) in a
+//! shared arena when more workers hold the block. A lookup walks the query's hashes once, keeping
+//! the set of workers still matching (seeded from the first block's holders, then intersected
+//! with each block's), records each worker's match length when it drops out, and stops at the
+//! first block no remaining worker holds. Each next block is first looked for in the entry after
+//! the previous block's (no hash probe along a chain stored together); where that fails, the walk
+//! probes the map a few blocks ahead (2, 4, …, 16 at a time) so the probes' cache misses overlap. The result is written in worker order into a buffer the
 //! caller may reuse ([`PrefixIndex::find_matches_into`]), from slot order kept sorted by worker
 //! when workers come and go, so a lookup neither sorts nor allocates. Per worker, a map of the
 //! hashes it holds (with an insertion stamp) and a FIFO of stamps for the memory cap.
@@ -25,6 +27,7 @@
 //! were lost; set it above the sum of the workers' capacities. An evicted entry makes the index
 //! under-report that worker's prefix, never over-report it.
 
+mod blocks;
 mod worker_set;
 
 use std::collections::{HashMap, VecDeque};
@@ -32,6 +35,7 @@ use std::collections::{HashMap, VecDeque};
 use smallvec::SmallVec;
 
 use crate::{BlockHash, Gap, KvEvent, KvEventRecord, WorkerId};
+use blocks::BlockTable;
 use worker_set::{Holders, MixBuild, SetArena, INLINE};
 
 /// Default cap on (worker, hash) entries: 16 M (≈ 1 GiB worst case).
@@ -148,7 +152,7 @@ enum Active {
 #[derive(Debug)]
 pub struct PrefixIndex {
     /// Hash → the slots holding it.
-    blocks: HashMap<BlockHash, Holders, MixBuild>,
+    blocks: BlockTable,
     /// Bitsets of blocks held by more than [`INLINE`] workers.
     sets: SetArena,
     slot_of: HashMap<WorkerId, usize, MixBuild>,
@@ -172,7 +176,7 @@ impl PrefixIndex {
     /// An empty index holding at most `max_entries` (worker, hash) pairs (at least 1).
     pub fn new(max_entries: usize) -> Self {
         Self {
-            blocks: HashMap::default(),
+            blocks: BlockTable::default(),
             sets: SetArena::default(),
             slot_of: HashMap::default(),
             slots: Vec::new(),
@@ -281,10 +285,10 @@ impl PrefixIndex {
                 cached_blocks: s.held,
             }
         }));
-        let Some(first) = query.first().and_then(|h| self.blocks.get(h)) else {
+        let Some(mut at) = query.first().and_then(|&h| self.blocks.find(h)) else {
             return;
         };
-        let mut active = match *first {
+        let mut active = match *self.blocks.holders(at) {
             Holders::Few { n, slots } => {
                 Active::List(slots[..n as usize].iter().map(|&s| u32::from(s)).collect())
             }
@@ -297,19 +301,30 @@ impl PrefixIndex {
         // Blocks `..depth` are held by every active worker.
         let mut depth = 1;
         let mut ahead = 2;
-        let mut probes = [None::<Holders>; MAX_AHEAD];
+        let mut probes = [None::<u32>; MAX_AHEAD];
         'walk: while depth < query.len() {
-            let n = ahead.min(query.len() - depth);
-            for (p, h) in probes.iter_mut().zip(&query[depth..depth + n]) {
-                *p = self.blocks.get(h).copied();
-            }
-            for p in &probes[..n] {
-                let Some(holders) = p else {
-                    break 'walk;
-                };
-                if !self.narrow(&mut active, holders, depth, &mut drop_out) {
+            // Along a chain stored together: the next entry, no probe.
+            if let Some(next) = self.blocks.next_is(at, query[depth]) {
+                if !self.narrow(&mut active, self.blocks.holders(next), depth, &mut drop_out) {
                     return;
                 }
+                at = next;
+                depth += 1;
+                ahead = 2;
+                continue;
+            }
+            let n = ahead.min(query.len() - depth);
+            for (p, &h) in probes.iter_mut().zip(&query[depth..depth + n]) {
+                *p = self.blocks.find(h);
+            }
+            for p in &probes[..n] {
+                let Some(next) = *p else {
+                    break 'walk;
+                };
+                if !self.narrow(&mut active, self.blocks.holders(next), depth, &mut drop_out) {
+                    return;
+                }
+                at = next;
                 depth += 1;
             }
             ahead = (ahead * 2).min(MAX_AHEAD);
@@ -391,7 +406,7 @@ impl PrefixIndex {
     pub fn contains(&self, worker: WorkerId, hash: BlockHash) -> bool {
         self.slot_of.get(&worker).is_some_and(|&slot| {
             self.blocks
-                .get(&hash)
+                .get(hash)
                 .is_some_and(|h| h.contains(&self.sets, slot))
         })
     }
@@ -423,7 +438,7 @@ impl PrefixIndex {
 
     /// Whether any worker holds `hash`.
     pub fn holds_any(&self, hash: BlockHash) -> bool {
-        self.blocks.contains_key(&hash)
+        self.blocks.find(hash).is_some()
     }
 
     /// Heap bytes the index holds, estimated from its tables' capacities (hash tables count one
@@ -432,8 +447,7 @@ impl PrefixIndex {
     pub fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
         let table = |cap: usize, item: usize| cap * (item + 1);
-        let blocks = table(self.blocks.capacity(), size_of::<(BlockHash, Holders)>())
-            + self.sets.heap_bytes();
+        let blocks = self.blocks.heap_bytes() + self.sets.heap_bytes();
         let workers: usize = self
             .slots
             .iter()
@@ -497,15 +511,7 @@ impl PrefixIndex {
         let stamp = state.next_stamp;
         state.next_stamp += 1;
         if state.held.insert(h, stamp).is_none() {
-            let sets = &mut self.sets;
-            match self.blocks.entry(h) {
-                std::collections::hash_map::Entry::Occupied(mut e) => {
-                    e.get_mut().insert(sets, slot);
-                }
-                std::collections::hash_map::Entry::Vacant(e) => {
-                    e.insert(Holders::one(sets, slot));
-                }
-            }
+            self.blocks.insert(&mut self.sets, h, slot);
             self.entries += 1;
             self.info[slot].held += 1;
         }
@@ -526,12 +532,7 @@ impl PrefixIndex {
     /// Removes `slot` from `h`'s holders (dropping the block when none is left) and counts the
     /// entry gone.
     fn unlink(&mut self, slot: usize, h: BlockHash) {
-        if let Some(holders) = self.blocks.get_mut(&h) {
-            holders.remove(&mut self.sets, slot);
-            if holders.len() == 0 {
-                self.blocks.remove(&h);
-            }
-        }
+        self.blocks.remove(&mut self.sets, h, slot);
         self.entries -= 1;
         self.info[slot].held -= 1;
     }

@@ -53,6 +53,45 @@ fn leading_matches_stop_at_first_miss() {
 }
 
 #[test]
+fn a_dead_entry_in_a_chain_is_skipped_for_the_hash_stored_again_elsewhere() {
+    let mut idx = PrefixIndex::default();
+    let (a, b) = (WorkerId(1), WorkerId(2));
+    // Entries 0, 1, 2 hold 1, 2, 3 in chain order; removing 2 leaves entry 1 dead.
+    idx.apply(a, &stored(0, &[1, 2, 3])).unwrap();
+    idx.apply(a, &removed(1, &[2])).unwrap();
+    let q = [h(1), h(2), h(3)];
+    assert_eq!(idx.find_matches(&q).matched(a), 1);
+    // 2 comes back in a new entry after 3: the walk must find it there, not read the dead one.
+    idx.apply(b, &stored(0, &[2])).unwrap();
+    idx.apply(a, &stored(2, &[2])).unwrap();
+    let m = idx.find_matches(&q);
+    assert_eq!(m.matched(a), 3);
+    assert_eq!(m.matched(b), 0);
+    assert_eq!(idx.blocks.counts(), (3, 1));
+}
+
+#[test]
+fn compaction_keeps_every_match() {
+    let mut idx = PrefixIndex::default();
+    let (a, b) = (WorkerId(1), WorkerId(2));
+    let chain: Vec<u64> = (0..3000).collect();
+    idx.apply(a, &stored(0, &chain)).unwrap();
+    idx.apply(b, &stored(0, &chain[..100])).unwrap();
+    // Removing a's blocks from 200 on kills 2,800 entries: more than the live ones, so the table
+    // compacts, and the chain must still match through the moved entries.
+    idx.apply(a, &removed(1, &chain[200..])).unwrap();
+    let (live, dead) = idx.blocks.counts();
+    assert_eq!(live, 200);
+    assert!(live + dead < 3000, "compacted: {dead} dead entries left");
+    idx.apply(a, &stored(2, &chain[200..400])).unwrap();
+    let q: Vec<BlockHash> = chain.iter().copied().map(h).collect();
+    let m = idx.find_matches(&q);
+    assert_eq!((m.matched(a), m.matched(b)), (400, 100));
+    assert_eq!(idx.entries(), 500);
+    assert_eq!(idx.distinct_blocks(), 400);
+}
+
+#[test]
 fn gap_is_reported_and_not_applied_then_snapshot_resyncs() {
     let mut idx = PrefixIndex::default();
     let w = WorkerId(7);
