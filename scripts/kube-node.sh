@@ -335,6 +335,8 @@ node_iptables_cleanup() {
 
 # The pods' veths, the bridge and every chain node_network and kube-proxy made (best effort).
 node_remove_network() {
+  local -
+  set +e +o pipefail
   local l
   for l in $(ip -o link show master "$NODE_BRIDGE" 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1); do
     ip link delete "$l" 2>/dev/null || true
