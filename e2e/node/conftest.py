@@ -28,7 +28,11 @@ def host_state():
     """What the node may change on the host; `stop` must restore all of it."""
     def out(*cmd):
         return subprocess.run(cmd, capture_output=True, text=True).stdout
-    rules = sorted(line.split(" [")[0] for line in out("iptables-save").splitlines() if not line.startswith("#"))
+    # Rules and chains, not the empty built-in tables: iptables-nft creates those on first use and
+    # has no command to drop them, and with only ACCEPT policies they change nothing.
+    builtin = re.compile(r"^(\*\w+|COMMIT|:(PREROUTING|INPUT|FORWARD|OUTPUT|POSTROUTING) ACCEPT)$")
+    rules = sorted(line.split(" [")[0] for line in out("iptables-save").splitlines()
+                   if not line.startswith("#") and not builtin.match(line.split(" [")[0]))
     return {
         "sysctl": {k: out("sysctl", "-n", k).strip() for k in SYSCTLS},
         "iptables": rules,
