@@ -31,8 +31,8 @@ def host_state():
     # Rules and chains, not the empty built-in tables: iptables-nft creates those on first use and
     # has no command to drop them, and with only ACCEPT policies they change nothing.
     builtin = re.compile(r"^(\*\w+|COMMIT|:(PREROUTING|INPUT|FORWARD|OUTPUT|POSTROUTING) ACCEPT)$")
-    rules = sorted(line.split(" [")[0] for line in out("iptables-save").splitlines()
-                   if not line.startswith("#") and not builtin.match(line.split(" [")[0]))
+    lines = (line.split(" [")[0] for line in out("iptables-save").splitlines() if not line.startswith("#"))
+    rules = sorted(line for line in lines if not builtin.match(line))
     return {
         "sysctl": {k: out("sysctl", "-n", k).strip() for k in SYSCTLS},
         "iptables": rules,

@@ -10,9 +10,10 @@
 //! with each block's), records each worker's match length when it drops out, and stops at the
 //! first block no remaining worker holds. Each next block is first looked for in the entry after
 //! the previous block's (no hash probe along a chain stored together); where that fails, the walk
-//! probes the map a few blocks ahead (2, 4, …, 16 at a time) so the probes' cache misses overlap. The result is written in worker order into a buffer the
-//! caller may reuse ([`PrefixIndex::find_matches_into`]), from slot order kept sorted by worker
-//! when workers come and go, so a lookup neither sorts nor allocates. Per worker, a map of the
+//! probes the map a few blocks ahead (2, 4, …, 16 at a time) so the probes' cache misses overlap.
+//! The result is written in worker order into a buffer the caller may reuse
+//! ([`PrefixIndex::find_matches_into`]), from slot order kept sorted by worker when workers come
+//! and go, so a lookup neither sorts nor allocates. Per worker, a map of the
 //! hashes it holds (with an insertion stamp) and a FIFO of stamps for the memory cap.
 //!
 //! Event sequence: the first event of a newly seen worker must have id 0 (the start of its
@@ -303,20 +304,22 @@ impl PrefixIndex {
         let mut ahead = 2;
         let mut probes = [None::<u32>; MAX_AHEAD];
         'walk: while depth < query.len() {
-            // Along a chain stored together: the next entry, no probe.
-            if let Some(next) = self.blocks.next_is(at, query[depth]) {
-                if !self.narrow(&mut active, self.blocks.holders(next), depth, &mut drop_out) {
-                    return;
+            let n = match self.blocks.next_is(at, query[depth]) {
+                // Along a chain stored together: the next entry, no probe.
+                Some(next) => {
+                    probes[0] = Some(next);
+                    ahead = 2;
+                    1
                 }
-                at = next;
-                depth += 1;
-                ahead = 2;
-                continue;
-            }
-            let n = ahead.min(query.len() - depth);
-            for (p, &h) in probes.iter_mut().zip(&query[depth..depth + n]) {
-                *p = self.blocks.find(h);
-            }
+                None => {
+                    let n = ahead.min(query.len() - depth);
+                    for (p, &h) in probes.iter_mut().zip(&query[depth..depth + n]) {
+                        *p = self.blocks.find(h);
+                    }
+                    ahead = (ahead * 2).min(MAX_AHEAD);
+                    n
+                }
+            };
             for p in &probes[..n] {
                 let Some(next) = *p else {
                     break 'walk;
@@ -327,7 +330,6 @@ impl PrefixIndex {
                 at = next;
                 depth += 1;
             }
-            ahead = (ahead * 2).min(MAX_AHEAD);
         }
         match active {
             Active::List(list) => list.iter().for_each(|&s| drop_out(s as usize, depth)),

@@ -61,7 +61,8 @@ impl BlockTable {
         }
     }
 
-    /// The holders of entry `at` (an index [`Self::find`] returned since the last change).
+    /// The holders of entry `at` (an index [`Self::find`] or [`Self::next_is`] returned since the
+    /// last change).
     #[inline]
     pub(crate) fn holders(&self, at: u32) -> &Holders {
         &self.entries[at as usize].holders
