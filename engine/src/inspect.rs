@@ -96,8 +96,9 @@ pub fn inspect(g: &GgufFile) -> Inspection {
     for t in &g.tensors {
         let c = types.entry(t.ty.to_string()).or_default();
         c.tensors += 1;
-        c.elements += t.n_elements();
-        c.bytes += t.n_bytes().unwrap_or(0);
+        // Saturating: a corrupt header can claim sizes whose sum overflows.
+        c.elements = c.elements.saturating_add(t.n_elements());
+        c.bytes = c.bytes.saturating_add(t.n_bytes().unwrap_or(0));
         if !loadable(t.ty) {
             let u = unsupported
                 .entry(t.ty.to_string())
@@ -134,10 +135,9 @@ impl fmt::Display for Inspection {
             .map_or("(none)".into(), |c| c.to_string());
         writeln!(f, "context length: {ctx}")?;
         writeln!(f, "vocabulary:     {}", or_none(&self.vocabulary))?;
-        let (params, bytes) = self
-            .types
-            .values()
-            .fold((0, 0), |(p, b), c| (p + c.elements, b + c.bytes));
+        let (params, bytes) = self.types.values().fold((0u64, 0u64), |(p, b), c| {
+            (p.saturating_add(c.elements), b.saturating_add(c.bytes))
+        });
         writeln!(
             f,
             "tensors:        {} ({:.1} M parameters, {:.1} MiB)",
