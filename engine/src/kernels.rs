@@ -184,6 +184,8 @@ pub enum KernelError {
     },
     #[error("matrix of {rows}x{cols} is too large")]
     TooLarge { rows: usize, cols: usize },
+    #[error("matrix of {rows}x{cols} is empty")]
+    Empty { rows: usize, cols: usize },
     #[error("column range {start}..{end} is invalid for a {ty:?} matrix of {cols} columns")]
     BadColumnRange {
         ty: WeightType,
@@ -247,6 +249,11 @@ impl QMatrix {
         cols: usize,
         bytes: &[u8],
     ) -> Result<QMatrix, KernelError> {
+        // A weight matrix with no rows or columns is a corrupt header (and has no blocks to
+        // repack).
+        if rows == 0 || cols == 0 {
+            return Err(KernelError::Empty { rows, cols });
+        }
         if !cols.is_multiple_of(ty.block()) {
             return Err(KernelError::ColsNotBlockAligned { ty, cols });
         }

@@ -479,3 +479,15 @@ proptest! {
         check_batch_invariance(ty, rows, nb * QK, seed);
     }
 }
+
+#[test]
+fn an_empty_matrix_is_refused_not_repacked() {
+    // A corrupt GGUF can claim a 0-column tensor; repacking it divided by zero blocks
+    // (`cleave fuzz --target gguf` found it).
+    for (rows, cols) in [(4, 0), (0, 32)] {
+        match QMatrix::from_raw(WeightType::Q4_0, rows, cols, &[]) {
+            Err(KernelError::Empty { .. }) => {}
+            other => panic!("{rows}x{cols}: expected Empty, got {:?}", other.err()),
+        }
+    }
+}
