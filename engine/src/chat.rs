@@ -149,14 +149,24 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| ChatError::Render(describe(&e)))?;
-        tmpl.render(context! {
+        let ctx = context! {
             messages => messages,
             tools => tools.map(Value::from_serialize),
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
-        })
-        .map_err(|e| {
+        };
+        // minijinja 2.24 panics on some inputs instead of failing (a negative-step slice of an
+        // empty list, `messages[::-1]` with no messages, indexes past the end): the render runs
+        // under `catch_unwind` so such a conversation is refused like any other render error.
+        let rendered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tmpl.render(ctx)))
+            .map_err(|panic| {
+                ChatError::Render(format!(
+                    "the template engine failed: {}",
+                    panic_text(&panic)
+                ))
+            })?;
+        rendered.map_err(|e| {
             let detail = e.detail().unwrap_or_default();
             match detail.strip_prefix(RAISED_PREFIX) {
                 Some(msg) if e.kind() == ErrorKind::InvalidOperation => {
@@ -166,6 +176,15 @@ impl ChatTemplate {
             }
         })
     }
+}
+
+/// The message of a caught panic.
+fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panic".into())
 }
 
 /// An error's message with its cause chain and template line, on one line.

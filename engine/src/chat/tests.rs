@@ -176,3 +176,20 @@ fn tool_aware_templates_get_the_tools_calls_and_results() {
         assert!(!real.supports_tools());
     }
 }
+
+#[test]
+fn a_template_engine_panic_is_a_render_error() {
+    // minijinja 2.24 panics slicing an empty list backwards (found by `cleave fuzz --target
+    // chat` on a template of llama.cpp's test set).
+    let t = ChatTemplate::new(
+        "{% for m in messages[::-1] %}{{ m.content }}{% endfor %}.",
+        "",
+        "",
+    )
+    .unwrap();
+    assert!(t.render(&convo(), false).unwrap().ends_with('.'));
+    match t.render(&[], false) {
+        Err(ChatError::Render(msg)) => assert!(msg.contains("template engine failed"), "{msg}"),
+        other => panic!("expected a render error, got {other:?}"),
+    }
+}
