@@ -10,7 +10,8 @@
 //!   `GET /metrics` (Prometheus text of the injected registry). These three need no API key.
 //!
 //! Every failure is an [`error::ApiError`], turned into OpenAI's error JSON in one place.
-//! Request bodies are limited by axum's default body limit (2 MB).
+//! Request bodies are limited by axum's default body limit (2 MiB, [`error::BODY_LIMIT`]);
+//! a larger one gets a 413.
 
 pub mod backend;
 pub mod error;
@@ -143,7 +144,10 @@ async fn run(
     let traceparent = client_traceparent(headers);
     // When spans are exported the workers continue the `api` span itself.
     let exported = cleave_telemetry::traceparent_of(&tracing::Span::current());
-    let body = body.map_err(|r| ApiError::bad_request(r.body_text()))?;
+    let body = body.map_err(|r| match r.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::TooLarge,
+        _ => ApiError::bad_request(r.body_text()),
+    })?;
     let req = prepare::parse_body(&body)?;
     let (mut job, input, max_tokens) = prepare::validate(endpoint, req, s.backend.model_name())?;
     // The key's own concurrency and request limits come before the shared queue.

@@ -24,6 +24,9 @@ pub enum ApiError {
         /// A machine-readable code, e.g. `context_length_exceeded`.
         code: Option<&'static str>,
     },
+    /// The request body is larger than the router accepts (413).
+    #[error("the request body is larger than the {} MiB limit", BODY_LIMIT >> 20)]
+    TooLarge,
     /// The API key is missing or not one of the configured keys (401).
     #[error("incorrect or missing API key; pass it as `Authorization: Bearer <key>`")]
     Unauthorized,
@@ -59,6 +62,9 @@ pub enum ApiError {
     Internal(String),
 }
 
+/// The largest request body accepted: axum's default body limit.
+pub const BODY_LIMIT: usize = 2 << 20;
+
 /// Public message of every 500.
 const INTERNAL_MESSAGE: &str =
     "the server had an error while processing your request; retry the request";
@@ -93,6 +99,7 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::ModelNotFound(_) | ApiError::UnknownRoute => StatusCode::NOT_FOUND,
             ApiError::RateLimited | ApiError::KeyLimited(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -107,7 +114,7 @@ impl ApiError {
     /// The metrics class of the response.
     pub fn class(&self) -> StatusClass {
         match self {
-            ApiError::InvalidRequest { .. } => StatusClass::BadRequest,
+            ApiError::InvalidRequest { .. } | ApiError::TooLarge => StatusClass::BadRequest,
             ApiError::Unauthorized => StatusClass::Unauthorized,
             ApiError::ModelNotFound(_) | ApiError::UnknownRoute => StatusClass::NotFound,
             ApiError::RateLimited | ApiError::KeyLimited(_) => StatusClass::RateLimited,
@@ -131,6 +138,12 @@ impl ApiError {
                 *code,
                 param.clone(),
                 message.clone(),
+            ),
+            ApiError::TooLarge => (
+                "invalid_request_error",
+                Some("request_too_large"),
+                None,
+                self.to_string(),
             ),
             ApiError::Unauthorized => (
                 "invalid_request_error",

@@ -367,3 +367,21 @@ async fn request_deadline_is_504() {
     assert_eq!(last["error"]["code"], "timeout");
     assert_eq!(h.fake.live.load(std::sync::atomic::Ordering::SeqCst), 0);
 }
+
+#[tokio::test]
+async fn a_body_over_the_limit_is_413_in_openai_shape() {
+    let Some(h) = harness(Opts::default()) else {
+        return;
+    };
+    let big = "a".repeat(crate::api::error::BODY_LIMIT + 1);
+    let r = h
+        .post(
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": [{"role": "user", "content": big}]}),
+        )
+        .await;
+    let e = r.error(StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(e["code"], "request_too_large");
+    assert!(e["message"].as_str().unwrap().contains("2 MiB"), "{e}");
+    assert!(h.requests().is_empty());
+}
