@@ -76,7 +76,7 @@ pub async fn run(
         }
         Err(why) => {
             let fallback = state.config.local_fallback;
-            tracing::warn!(request_id = %job.request_id, %why, fallback, "remote prefill failed");
+            tracing::warn!(request_id = ?job.request_id, %why, fallback, "remote prefill failed");
             if fallback {
                 state.metrics.prefill_fallbacks.inc();
             }

@@ -96,7 +96,7 @@ impl DecodeWorker for Decode {
         let prefill = self.prefill.clone();
         let span = tracing::info_span!(
             "decode",
-            request_id = %req.request_id,
+            request_id = ?req.request_id,
             trace_id = %cleave_worker::convert::trace_id(traceparent.as_deref()),
             seq = id.0,
             remote

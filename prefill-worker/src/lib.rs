@@ -49,7 +49,7 @@ impl PrefillWorker for Prefill {
         let req = request.into_inner();
         let span = tracing::info_span!(
             "prefill",
-            request_id = %req.request_id,
+            request_id = ?req.request_id,
             trace_id = %cleave_worker::convert::trace_id(traceparent.as_deref())
         );
         cleave_telemetry::set_parent(&span, traceparent.as_deref());
