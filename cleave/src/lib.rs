@@ -9,6 +9,7 @@ pub mod bench_route;
 pub mod bench_serve;
 pub mod bench_structured;
 pub mod fetch;
+pub mod fuzz;
 pub mod generate;
 pub mod http;
 pub mod load;
@@ -47,6 +48,10 @@ pub enum Command {
     Chat(generate::ChatArgs),
     /// Teacher-forced scoring of a text file: token ids, perplexity, next-token argmax.
     Score(score::ScoreArgs),
+    /// Random and mutated inputs against the API, the workers' gRPC, the KV transport's wire,
+    /// the GGUF parser and the chat templates; fails when any case panics, hangs or gets an
+    /// answer outside the protocol.
+    Fuzz(fuzz::FuzzArgs),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -179,6 +184,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Generate(args) => generate::generate(args),
         Command::Chat(args) => generate::chat(args),
         Command::Score(args) => score::score(args),
+        Command::Fuzz(args) => fuzz::fuzz(args),
         Command::Bench { command } => match command {
             BenchCommand::Engine(args) => bench::bench_engine(args),
             BenchCommand::Structured(args) => bench_structured::bench_structured(args),
