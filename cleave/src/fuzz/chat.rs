@@ -5,7 +5,7 @@
 //! Conversations have random roles in random order (none at all, several systems, a tool turn
 //! first), contents from [`mutate::string`], tool calls whose arguments are any JSON value, and
 //! random tool lists. Rendering must return text or a [`ChatError`]: a panic or a render
-//! slower than [`SLOW`] fails the case.
+//! slower than 5 s fails the case.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -9,7 +9,7 @@
 //!   what earlier writes put there.
 //! - **Descriptors**: mutated `RegionDescriptor` / `WorkerAddress` JSON, as discovery and the
 //!   prefill request carry them, must parse or fail cleanly.
-//! - **Plans**: random ops against random region lengths through [`plan`]: an accepted plan
+//! - **Plans**: random ops against random region lengths through [`plan()`]: an accepted plan
 //!   stays in bounds and moves exactly the requested bytes.
 //!
 //! After the campaign a write and a read through the real `Transport` API still work.
