@@ -197,6 +197,16 @@ impl fmt::Display for Tally {
     }
 }
 
+/// Where `scripts/llama-vocab` puts llama.cpp's reference files (vocabulary GGUFs, and chat
+/// templates in `templates/`): `$CLEAVE_LLAMA_VOCAB_DIR`, else `~/.cache/cleave/llama-vocab`.
+pub fn llama_vocab_dir() -> std::path::PathBuf {
+    match std::env::var_os("CLEAVE_LLAMA_VOCAB_DIR") {
+        Some(d) => d.into(),
+        None => std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+            .join(".cache/cleave/llama-vocab"),
+    }
+}
+
 /// Runs `f`, turning a panic into its message.
 pub fn unwound<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {

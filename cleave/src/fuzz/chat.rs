@@ -23,16 +23,6 @@ use super::{mutate, Cases, Tally};
 /// A render slower than this counts as a hang.
 const SLOW: Duration = Duration::from_secs(5);
 
-/// Where `scripts/llama-vocab` puts llama.cpp's templates.
-fn templates_dir() -> PathBuf {
-    let base = match std::env::var_os("CLEAVE_LLAMA_VOCAB_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-            .join(".cache/cleave/llama-vocab"),
-    };
-    base.join("templates")
-}
-
 /// The templates to fuzz: the model's, then every compiling one of llama.cpp's test set.
 pub fn templates(model: &Path) -> Vec<(String, Arc<ChatTemplate>)> {
     let mut out = Vec::new();
@@ -44,7 +34,7 @@ pub fn templates(model: &Path) -> Vec<(String, Arc<ChatTemplate>)> {
         }
         Err(e) => eprintln!("fuzz chat: no model template ({e})"),
     }
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(templates_dir())
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(super::llama_vocab_dir().join("templates"))
         .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
         .unwrap_or_default();
     paths.sort();

@@ -31,11 +31,7 @@ const SLOW: Duration = Duration::from_secs(10);
 /// The files the mutations start from.
 pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
     let mut out = vec![("mixed_quant", MIXED.to_vec())];
-    let dir = match std::env::var_os("CLEAVE_LLAMA_VOCAB_DIR") {
-        Some(d) => std::path::PathBuf::from(d),
-        None => std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-            .join(".cache/cleave/llama-vocab"),
-    };
+    let dir = super::llama_vocab_dir();
     for (name, file) in [
         ("llama-spm", "ggml-vocab-llama-spm.gguf"),
         ("phi-3", "ggml-vocab-phi-3.gguf"),
