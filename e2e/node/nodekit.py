@@ -8,6 +8,8 @@ import subprocess
 import time
 import urllib.request
 
+import openai
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TAG = "e2e"
 IMAGE = f"localhost/cleave:{TAG}"
@@ -45,7 +47,10 @@ class Node:
         return self.kubectl("apply", *ns, "-f", "-", input=json.dumps(obj))
 
     def wait_for(self, what, predicate, timeout=300, interval=0.5):
-        """Polls predicate() until it returns something truthy; fails naming `what`."""
+        """Polls predicate() until it returns something truthy; fails naming `what`. A refused or
+        reset connection counts as "not yet": a Service's ClusterIP rejects connections until
+        kube-proxy has programmed the endpoints of pods that just became Ready (the isvc can be
+        Ready a moment before that)."""
         deadline = time.time() + timeout
         last = None
         while time.time() < deadline:
@@ -53,7 +58,8 @@ class Node:
                 last = predicate()
                 if last:
                     return last
-            except (AssertionError, subprocess.TimeoutExpired, json.JSONDecodeError) as e:
+            except (AssertionError, subprocess.TimeoutExpired, json.JSONDecodeError, OSError,
+                    openai.APIConnectionError) as e:
                 last = e
             time.sleep(interval)
         raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last})")
