@@ -280,6 +280,15 @@ struct Answer {
     body: Vec<u8>,
 }
 
+/// A response's `content-type`, empty when absent.
+fn content_type(headers: &axum::http::HeaderMap) -> String {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string()
+}
+
 async fn send_in_process(app: &axum::Router, c: &Case) -> Result<Answer, String> {
     let mut req = Request::post(c.path);
     if !c.content_type.is_empty() {
@@ -293,12 +302,7 @@ async fn send_in_process(app: &axum::Router, c: &Case) -> Result<Answer, String>
     let task = tokio::spawn(async move {
         let resp = app.oneshot(req).await.expect("infallible");
         let status = resp.status();
-        let content_type = resp
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_string();
+        let content_type = content_type(resp.headers());
         let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
             .await
             .map_err(|e| format!("reading the body: {e}"))?;
@@ -326,12 +330,7 @@ async fn send_url(client: &reqwest::Client, base: &str, c: &Case) -> Result<Answ
     let fut = async {
         let resp = req.send().await.map_err(|e| format!("sending: {e}"))?;
         let status = StatusCode::from_u16(resp.status().as_u16()).map_err(|e| e.to_string())?;
-        let content_type = resp
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_string();
+        let content_type = content_type(resp.headers());
         let body = resp.bytes().await.map_err(|e| format!("reading: {e}"))?;
         Ok(Answer {
             status,

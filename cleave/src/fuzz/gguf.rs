@@ -28,16 +28,41 @@ const MIXED: &[u8] = include_bytes!("../../../engine/tests/data/mixed_quant.gguf
 /// A case slower than this counts as a hang.
 const SLOW: Duration = Duration::from_secs(10);
 
+/// A file the mutations start from.
+pub struct Seed {
+    /// What it is, for failure messages.
+    pub name: &'static str,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
+    /// About how many leading bytes are header (metadata and tensor infos, in front of the
+    /// aligned tensor data), where most edits go.
+    pub header: usize,
+}
+
+impl Seed {
+    fn new(name: &'static str, bytes: Vec<u8>) -> Self {
+        let header = GgufFile::from_bytes(bytes.clone())
+            .map(|g| g.tensors.len() * 64 + g.metadata.len() * 64 + 4096)
+            .unwrap_or(4096)
+            .min(bytes.len());
+        Seed {
+            name,
+            bytes,
+            header,
+        }
+    }
+}
+
 /// The files the mutations start from.
-pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
-    let mut out = vec![("mixed_quant", MIXED.to_vec())];
+pub fn seeds() -> Vec<Seed> {
+    let mut out = vec![Seed::new("mixed_quant", MIXED.to_vec())];
     let dir = super::llama_vocab_dir();
     for (name, file) in [
         ("llama-spm", "ggml-vocab-llama-spm.gguf"),
         ("phi-3", "ggml-vocab-phi-3.gguf"),
     ] {
         if let Ok(bytes) = std::fs::read(dir.join(file)) {
-            out.push((name, bytes));
+            out.push(Seed::new(name, bytes));
         }
     }
     out
@@ -92,13 +117,9 @@ fn exercise(bytes: Vec<u8>) -> String {
 }
 
 /// Mutates a copy of `seed`, mostly in its header.
-fn mutant(rng: &mut StdRng, seed: &[u8]) -> Vec<u8> {
-    // The header: metadata and tensor infos sit in front of the (aligned) tensor data.
-    let header = GgufFile::from_bytes(seed.to_vec())
-        .map(|g| g.tensors.len() * 64 + g.metadata.len() * 64 + 4096)
-        .unwrap_or(4096)
-        .min(seed.len());
-    let mut b = seed.to_vec();
+fn mutant(rng: &mut StdRng, seed: &Seed) -> Vec<u8> {
+    let header = seed.header;
+    let mut b = seed.bytes.clone();
     if rng.gen_bool(0.8) {
         // Edit only a window of the header, then put it back.
         let at = rng.gen_range(0..header);
@@ -125,7 +146,8 @@ pub fn fuzz(cases: Cases) -> anyhow::Result<Tally> {
     let mut tally = Tally::new("gguf");
     for i in cases.range() {
         let rng = &mut cases.rng(i);
-        let (name, seed) = seeds.choose(rng).expect("seeds");
+        let seed = seeds.choose(rng).expect("seeds");
+        let name = seed.name;
         let bytes = mutant(rng, seed);
         let started = Instant::now();
         let result = super::unwound(|| exercise(bytes));
