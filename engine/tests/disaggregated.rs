@@ -7,9 +7,9 @@ mod common;
 use cleave_engine::engine::{
     Engine, EngineConfig, FinishReason, GenerateRequest, PrefillMode, SeqEvent,
 };
-use cleave_engine::kv::BlockId;
 use cleave_engine::sample::SamplingParams;
 use cleave_engine::schedule::SchedulerConfig;
+use common::{disaggregated, settle, tokens_of};
 
 fn engine(step_tokens: usize) -> Engine {
     let (m, t) = common::model_and_tokenizer();
@@ -30,89 +30,6 @@ fn greedy(n: usize) -> SamplingParams {
         ignore_eos: true,
         ..Default::default()
     }
-}
-
-async fn tokens_of(
-    mut rx: tokio::sync::mpsc::UnboundedReceiver<SeqEvent>,
-) -> (Vec<u32>, FinishReason) {
-    let mut ids = Vec::new();
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            SeqEvent::Token { id, .. } => ids.push(id),
-            SeqEvent::Done { reason, .. } => return (ids, reason),
-            other => panic!("unexpected {other:?}"),
-        }
-    }
-    panic!("no Done");
-}
-
-/// Runs one request disaggregated; returns (tokens, blocks copied).
-async fn disaggregated(
-    prefill: &Engine,
-    decode: &Engine,
-    prompt: Vec<u32>,
-    params: SamplingParams,
-) -> (Vec<u32>, usize) {
-    let req = |mode| GenerateRequest {
-        prompt: prompt.clone(),
-        params: params.clone(),
-        mode,
-        resume: Vec::new(),
-    };
-    let (did, mut drx) = decode.submit(req(PrefillMode::Import)).unwrap();
-    let (dst, cached) = match drx.recv().await {
-        Some(SeqEvent::KvNeeded {
-            blocks,
-            cached_tokens,
-        }) => (blocks, cached_tokens),
-        other => panic!("expected KvNeeded, got {other:?}"),
-    };
-    let skip = cached / 16;
-    let (_, mut prx) = prefill.submit(req(PrefillMode::Export)).unwrap();
-    let (mut first, mut copied, mut lease) = (None, 0, None);
-    while let Some(ev) = prx.recv().await {
-        match ev {
-            // Copy each block as soon as it is ready (overlapping the rest of the prefill).
-            SeqEvent::KvReady { blocks } => {
-                let wanted: Vec<(usize, BlockId)> =
-                    blocks.into_iter().filter(|(i, _)| *i >= skip).collect();
-                if wanted.is_empty() {
-                    continue;
-                }
-                let src: Vec<BlockId> = wanted.iter().map(|w| w.1).collect();
-                let to: Vec<BlockId> = wanted.iter().map(|w| dst[w.0]).collect();
-                let bytes = prefill.read_blocks(src).await.unwrap();
-                assert!(decode.write_blocks(to, bytes).await.unwrap());
-                copied += wanted.len();
-            }
-            SeqEvent::Token { id, .. } => first = Some(id),
-            SeqEvent::Held(l) => lease = Some(l),
-            SeqEvent::Done { reason, .. } => {
-                assert_eq!(reason, FinishReason::Length);
-                break;
-            }
-            other => panic!("unexpected {other:?}"),
-        }
-    }
-    assert_eq!(
-        lease.as_ref().map(|l| l.blocks().len()),
-        Some(prompt.len().div_ceil(16))
-    );
-    drop(lease);
-    decode.kv_imported(did, first.expect("prefill produced a first token"), None);
-    let (ids, _) = tokens_of(drx).await;
-    (ids, copied)
-}
-
-async fn settle(e: &Engine) -> cleave_engine::engine::EngineStats {
-    for _ in 0..400 {
-        let s = e.stats();
-        if s.running == 0 && s.waiting == 0 && s.parked == 0 && s.held == 0 {
-            return s;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    panic!("engine did not settle: {:?}", e.stats());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
