@@ -22,7 +22,9 @@ use crate::collective::{Collective, SingleRank};
 use crate::gguf::{GgufError, GgufFile};
 use crate::kernels::{KernelError, Threads};
 
-pub use config::{Arch, ModelConfig, MoeConfig, RopeStyle};
+pub use config::{
+    Activation, Arch, ArchOptions, ModelConfig, MoeConfig, RopeScaling, RopeStyle, SlidingWindow,
+};
 pub use forward::{Logits, SeqChunk, Workspace};
 pub use weights::{Shard, Weights};
 
@@ -36,7 +38,7 @@ pub enum ModelError {
     #[error(transparent)]
     Kernel(#[from] KernelError),
     /// `general.architecture` names a model family this engine does not implement.
-    #[error("unsupported architecture {0:?} (supported: llama, mistral, qwen2, qwen3, qwen2moe, qwen3moe)")]
+    #[error("unsupported architecture {0:?} (supported: llama, mistral, qwen2, qwen3, qwen2moe, qwen3moe, gemma, gemma2, gemma3, phi3)")]
     UnsupportedArch(String),
     /// A weight is stored in a format the kernels cannot use.
     #[error("tensor {name} has unsupported type {ty} (supported: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl, q2_K, q3_K, q4_K, q5_K, q6_K)")]

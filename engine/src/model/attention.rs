@@ -46,6 +46,35 @@ fn write_typed<T: KvElem>(
     }
 }
 
+/// How one layer attends: the query scale, optional score soft-capping and an optional
+/// sliding window.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnParams {
+    /// Multiplies every `q·k` (usually `1/sqrt(head_dim)`).
+    pub scale: f32,
+    /// `cap * tanh(score / cap)` before the softmax (Gemma 2).
+    pub softcap: Option<f32>,
+    /// A token at `p` sees positions `p - window + 1 ..= p` only.
+    pub window: Option<usize>,
+}
+
+impl AttnParams {
+    /// Plain causal attention over heads of `head_dim`.
+    pub fn plain(head_dim: usize) -> Self {
+        AttnParams {
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            softcap: None,
+            window: None,
+        }
+    }
+
+    /// The first position a token at `pos` attends to.
+    #[inline(always)]
+    fn first(&self, pos: usize) -> usize {
+        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
+    }
+}
+
 /// Scratch space reused across calls.
 #[derive(Default)]
 pub struct AttnScratch {
@@ -55,14 +84,17 @@ pub struct AttnScratch {
     rows: Vec<(usize, usize)>,
 }
 
-/// Causal attention of every batch token over its sequence's cached positions `0..=pos`.
-/// `q` holds `n_heads * head_dim` per token; `out` receives the same shape.
+/// Causal attention of every batch token over its sequence's cached positions `0..=pos` (the
+/// last `window` of them for a window layer). `q` holds `n_heads * head_dim` per token; `out`
+/// receives the same shape.
+#[allow(clippy::too_many_arguments)]
 pub fn attend(
     cache: &KvCache,
     layer: usize,
     slots: &[TokenSlot],
     q: &[f32],
     n_heads: usize,
+    params: &AttnParams,
     out: &mut [f32],
     scratch: &mut AttnScratch,
 ) {
@@ -73,17 +105,17 @@ pub fn attend(
         match hd {
             32 => {
                 return unsafe {
-                    avx2::attend_f32::<4>(cache, layer, slots, q, n_heads, out, scratch)
+                    avx2::attend_f32::<4>(cache, layer, slots, q, n_heads, params, out, scratch)
                 }
             }
             64 => {
                 return unsafe {
-                    avx2::attend_f32::<8>(cache, layer, slots, q, n_heads, out, scratch)
+                    avx2::attend_f32::<8>(cache, layer, slots, q, n_heads, params, out, scratch)
                 }
             }
             128 => {
                 return unsafe {
-                    avx2::attend_f32::<16>(cache, layer, slots, q, n_heads, out, scratch)
+                    avx2::attend_f32::<16>(cache, layer, slots, q, n_heads, params, out, scratch)
                 }
             }
             _ => {}
@@ -92,10 +124,10 @@ pub fn attend(
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
         // SAFETY: the CPU supports AVX2 and FMA (checked at run time just above).
-        unsafe { attend_avx2(cache, layer, slots, q, n_heads, out, scratch) };
+        unsafe { attend_avx2(cache, layer, slots, q, n_heads, params, out, scratch) };
         return;
     }
-    attend_any(cache, layer, slots, q, n_heads, out, scratch);
+    attend_any(cache, layer, slots, q, n_heads, params, out, scratch);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -108,31 +140,37 @@ fn has_avx2() -> bool {
 /// the portable build's, so results are identical on every machine.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
 fn attend_avx2(
     cache: &KvCache,
     layer: usize,
     slots: &[TokenSlot],
     q: &[f32],
     n_heads: usize,
+    params: &AttnParams,
     out: &mut [f32],
     scratch: &mut AttnScratch,
 ) {
-    attend_any(cache, layer, slots, q, n_heads, out, scratch);
+    attend_any(cache, layer, slots, q, n_heads, params, out, scratch);
 }
 
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn attend_any(
     cache: &KvCache,
     layer: usize,
     slots: &[TokenSlot],
     q: &[f32],
     n_heads: usize,
+    params: &AttnParams,
     out: &mut [f32],
     scratch: &mut AttnScratch,
 ) {
     match cache.layout().dtype {
-        KvDtype::F32 => attend_typed::<f32>(cache, layer, slots, q, n_heads, out, scratch),
-        KvDtype::F16 => attend_typed::<half::f16>(cache, layer, slots, q, n_heads, out, scratch),
+        KvDtype::F32 => attend_typed::<f32>(cache, layer, slots, q, n_heads, params, out, scratch),
+        KvDtype::F16 => {
+            attend_typed::<half::f16>(cache, layer, slots, q, n_heads, params, out, scratch)
+        }
     }
 }
 
@@ -163,62 +201,73 @@ fn axpy<T: KvElem>(acc: &mut [f32], w: f32, v: &[T]) {
 }
 
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn attend_typed<T: KvElem>(
     cache: &KvCache,
     layer: usize,
     slots: &[TokenSlot],
     q: &[f32],
     n_heads: usize,
+    params: &AttnParams,
     out: &mut [f32],
     scratch: &mut AttnScratch,
 ) {
     let layout: KvLayout = *cache.layout();
     let (hd, bs) = (layout.head_dim, layout.block_size);
     let group = n_heads / layout.n_kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = params.scale;
     let mem = cache.elems::<T>();
     let qw = n_heads * hd;
-    let tok = layout.token_elems();
     for (t, s) in slots.iter().enumerate() {
-        let ctx = s.pos + 1;
+        let (lo, ctx) = (params.first(s.pos), s.pos + 1);
+        let n = ctx - lo;
         let q_t = &q[t * qw..(t + 1) * qw];
         let out_t = &mut out[t * qw..(t + 1) * qw];
         for g in 0..layout.n_kv_heads {
-            // scores[h * ctx + j] for the `group` query heads sharing kv head g.
+            // Element offsets of the positions' key and value rows of kv head g.
+            scratch.rows.clear();
+            for p in lo..ctx {
+                let (block, slot) = (s.blocks[p / bs].0 as usize, p % bs);
+                scratch.rows.push((
+                    layout.offset(block, layer, false, slot) + g * hd,
+                    layout.offset(block, layer, true, slot) + g * hd,
+                ));
+            }
+            // scores[h * n + j] for the `group` query heads sharing kv head g.
             scratch.scores.clear();
-            scratch.scores.resize(group * ctx, 0.0);
-            for (bi, b) in s.blocks[..ctx.div_ceil(bs)].iter().enumerate() {
-                let base = layout.offset(b.0 as usize, layer, false, 0) + g * hd;
-                let n = bs.min(ctx - bi * bs);
-                for slot in 0..n {
-                    let off = base + slot * tok;
-                    let k = &mem[off..off + hd];
-                    for h in 0..group {
-                        let qh = &q_t[(g * group + h) * hd..(g * group + h + 1) * hd];
-                        scratch.scores[h * ctx + bi * bs + slot] = dot(qh, k) * scale;
-                    }
+            scratch.scores.resize(group * n, 0.0);
+            for (j, &(k, _)) in scratch.rows.iter().enumerate() {
+                let k = &mem[k..k + hd];
+                for h in 0..group {
+                    let qh = &q_t[(g * group + h) * hd..(g * group + h + 1) * hd];
+                    scratch.scores[h * n + j] = dot(qh, k) * scale;
                 }
             }
             for h in 0..group {
-                softmax(&mut scratch.scores[h * ctx..(h + 1) * ctx]);
+                normalize(&mut scratch.scores[h * n..(h + 1) * n], params.softcap);
             }
             scratch.acc.clear();
             scratch.acc.resize(group * hd, 0.0);
-            for (bi, b) in s.blocks[..ctx.div_ceil(bs)].iter().enumerate() {
-                let base = layout.offset(b.0 as usize, layer, true, 0) + g * hd;
-                let n = bs.min(ctx - bi * bs);
-                for slot in 0..n {
-                    let off = base + slot * tok;
-                    let v = &mem[off..off + hd];
-                    for h in 0..group {
-                        let w = scratch.scores[h * ctx + bi * bs + slot];
-                        axpy(&mut scratch.acc[h * hd..(h + 1) * hd], w, v);
-                    }
+            for (j, &(_, v)) in scratch.rows.iter().enumerate() {
+                let v = &mem[v..v + hd];
+                for h in 0..group {
+                    let w = scratch.scores[h * n + j];
+                    axpy(&mut scratch.acc[h * hd..(h + 1) * hd], w, v);
                 }
             }
             out_t[g * group * hd..(g + 1) * group * hd].copy_from_slice(&scratch.acc);
         }
     }
+}
+
+/// Soft-caps (when asked) and softmaxes one score row: shared by every attention path, so they
+/// agree bit for bit.
+#[inline(always)]
+fn normalize(row: &mut [f32], softcap: Option<f32>) {
+    if let Some(cap) = softcap {
+        super::ops::softcap(row, cap);
+    }
+    softmax(row);
 }
 
 /// In-place softmax of one score row (shared by every attention path, so they agree bit for
@@ -251,14 +300,14 @@ mod tests {
         }
     }
 
-    /// Dense reference: attention over contiguous K/V rows.
+    /// Dense reference: attention over contiguous K/V rows (all of them: the caller passes the
+    /// window), scores scaled by `scale` and soft-capped by `cap`.
     fn reference(
         q: &[f32],
-        ks: &[Vec<f32>],
-        vs: &[Vec<f32>],
+        (ks, vs): (&[Vec<f32>], &[Vec<f32>]),
         n_heads: usize,
-        hd: usize,
-        kvh: usize,
+        (hd, kvh): (usize, usize),
+        (scale, cap): (f64, Option<f64>),
     ) -> Vec<f32> {
         let group = n_heads / kvh;
         let mut out = vec![0.0; n_heads * hd];
@@ -268,11 +317,13 @@ mod tests {
             let scores: Vec<f64> = ks
                 .iter()
                 .map(|k| {
-                    qh.iter()
+                    let s = qh
+                        .iter()
                         .zip(&k[g * hd..(g + 1) * hd])
                         .map(|(a, b)| (a * b) as f64)
                         .sum::<f64>()
-                        / (hd as f64).sqrt()
+                        * scale;
+                    cap.map_or(s, |c| c * (s / c).tanh())
                 })
                 .collect();
             let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -317,20 +368,36 @@ mod tests {
                 pos: 9,
                 blocks: &blocks,
             }];
-            let mut out = vec![0.0; n_heads * 8];
-            attend(
-                &cache,
-                1,
-                &slot,
-                &q,
-                n_heads,
-                &mut out,
-                &mut AttnScratch::default(),
-            );
-            let want = reference(&q, &ks, &vs, n_heads, 8, 2);
             let tol = if dtype == KvDtype::F32 { 1e-5 } else { 5e-3 };
-            for (a, b) in out.iter().zip(&want) {
-                assert!((a - b).abs() < tol, "{dtype:?}: {a} vs {b}");
+            // Plain causal attention, then a window of 6 (positions 4..=9, across blocks 1
+            // and 6) with soft-capped scores at a scale of its own.
+            let windowed = AttnParams {
+                scale: 0.9,
+                softcap: Some(0.5),
+                window: Some(6),
+            };
+            for (params, lo, cap) in [(AttnParams::plain(8), 0, None), (windowed, 4, Some(0.5))] {
+                let mut out = vec![0.0; n_heads * 8];
+                attend(
+                    &cache,
+                    1,
+                    &slot,
+                    &q,
+                    n_heads,
+                    &params,
+                    &mut out,
+                    &mut AttnScratch::default(),
+                );
+                let want = reference(
+                    &q,
+                    (&ks[lo..], &vs[lo..]),
+                    n_heads,
+                    (8, 2),
+                    (params.scale as f64, cap),
+                );
+                for (a, b) in out.iter().zip(&want) {
+                    assert!((a - b).abs() < tol, "{dtype:?} {params:?}: {a} vs {b}");
+                }
             }
         }
     }
@@ -372,13 +439,42 @@ mod tests {
             let q: Vec<f32> = (0..slots.len() * n_heads * hd)
                 .map(|i| ((i * 37 % 29) as f32 - 14.0) * 0.05)
                 .collect();
-            let mut fast = vec![0.0; q.len()];
-            let mut slow = vec![0.0; q.len()];
-            let mut scratch = AttnScratch::default();
-            attend(&cache, 1, &slots, &q, n_heads, &mut fast, &mut scratch);
-            attend_any(&cache, 1, &slots, &q, n_heads, &mut slow, &mut scratch);
-            for (i, (a, b)) in fast.iter().zip(&slow).enumerate() {
-                assert_eq!(a.to_bits(), b.to_bits(), "hd {hd} element {i}: {a} vs {b}");
+            let windowed = AttnParams {
+                scale: 0.3,
+                softcap: Some(2.0),
+                window: Some(19),
+            };
+            for params in [AttnParams::plain(hd), windowed] {
+                let mut fast = vec![0.0; q.len()];
+                let mut slow = vec![0.0; q.len()];
+                let mut scratch = AttnScratch::default();
+                attend(
+                    &cache,
+                    1,
+                    &slots,
+                    &q,
+                    n_heads,
+                    &params,
+                    &mut fast,
+                    &mut scratch,
+                );
+                attend_any(
+                    &cache,
+                    1,
+                    &slots,
+                    &q,
+                    n_heads,
+                    &params,
+                    &mut slow,
+                    &mut scratch,
+                );
+                for (i, (a, b)) in fast.iter().zip(&slow).enumerate() {
+                    assert_eq!(
+                        a.to_bits(),
+                        b.to_bits(),
+                        "hd {hd} {params:?} element {i}: {a} vs {b}"
+                    );
+                }
             }
         }
     }

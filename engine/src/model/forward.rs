@@ -5,9 +5,10 @@ use crate::kernels::{Activations, QMatrix};
 use crate::kv::memory::KvCache;
 use crate::kv::BlockId;
 
-use super::attention::{attend, write_kv, AttnScratch, TokenSlot};
+use super::attention::{attend, write_kv, AttnParams, AttnScratch, TokenSlot};
+use super::config::{Activation, ModelConfig, RopeScaling};
 use super::moe::MoeScratch;
-use super::ops::{add_bias, add_inplace, rms_norm, rms_norm_inplace, swiglu, Rope};
+use super::ops::{add_bias, add_inplace, geglu, rms_norm, rms_norm_inplace, softcap, swiglu, Rope};
 use super::weights::Ffn;
 use super::Model;
 
@@ -49,7 +50,8 @@ pub struct Workspace {
     up: Vec<f32>,
     acts: Activations,
     attn: AttnScratch,
-    rope: Option<Rope>,
+    /// RoPE tables of the global layers and, when they differ, of the window layers.
+    rope: Option<(Rope, Option<Rope>)>,
     row: Vec<f32>,
     local_logits: Vec<f32>,
     gathered: Vec<f32>,
@@ -76,6 +78,25 @@ pub(super) fn matmul(
     acts.set(x, n, m.cols());
     out.resize(n * m.rows(), 0.0);
     m.matmul(acts, out, th);
+}
+
+/// The RoPE tables: the global layers' (with the model's frequency scaling) and, when window
+/// layers rotate with another base or scale, theirs.
+fn ropes(cfg: &ModelConfig) -> (Rope, Option<Rope>) {
+    let rope = |theta, scaling: &RopeScaling| {
+        Rope::scaled(theta, cfg.rope_dim, cfg.head_dim, cfg.rope_style, scaling)
+    };
+    let global = rope(cfg.rope_theta, &cfg.rope_scaling);
+    let local = cfg.options.sliding_window.as_ref().and_then(|w| {
+        let scaling = RopeScaling {
+            freq_scale: w.rope_freq_scale,
+            factors: None,
+            attn_factor: cfg.rope_scaling.attn_factor,
+        };
+        (w.rope_theta != cfg.rope_theta || scaling != cfg.rope_scaling)
+            .then(|| rope(w.rope_theta, &scaling))
+    });
+    (global, local)
 }
 
 impl Model {
@@ -110,17 +131,20 @@ impl Model {
         if n == 0 {
             return Ok(0);
         }
-        let ws_rope = ws
-            .rope
-            .get_or_insert_with(|| Rope::new(cfg.rope_theta, cfg.rope_dim, hd, cfg.rope_style));
-        ws_rope.prepare(&positions);
+        let (rope, rope_swa) = ws.rope.get_or_insert_with(|| ropes(cfg));
+        rope.prepare(&positions);
+        if let Some(r) = rope_swa {
+            r.prepare(&positions);
+        }
 
         ws.x.resize(n * hidden, 0.0);
         for (t, &tok) in tokens.iter().enumerate() {
             let row = (tok as usize).min(cfg.vocab - 1);
-            self.weights
-                .tok_embd
-                .dequantize_row(row, &mut ws.x[t * hidden..(t + 1) * hidden]);
+            let x = &mut ws.x[t * hidden..(t + 1) * hidden];
+            self.weights.tok_embd.dequantize_row(row, x);
+            if let Some(scale) = cfg.options.embed_scale {
+                x.iter_mut().for_each(|v| *v *= scale);
+            }
         }
         ws.h.resize(n * hidden, 0.0);
 
@@ -144,16 +168,37 @@ impl Model {
             if let Some(w) = &layer.k_norm {
                 rms_norm_inplace(&mut ws.k, w, cfg.rms_eps);
             }
-            let rope = ws.rope.as_ref().expect("prepared above");
+            let window = cfg.window(l);
+            let rope = match ws.rope.as_ref().expect("prepared above") {
+                (_, Some(swa)) if window.is_some() => swa,
+                (global, _) => global,
+            };
             for t in 0..n {
                 rope.apply(t, &mut ws.q[t * nh * hd..(t + 1) * nh * hd]);
                 rope.apply(t, &mut ws.k[t * nkv * hd..(t + 1) * nkv * hd]);
             }
             write_kv(cache, l, &slots, &ws.k, &ws.v);
             ws.att.resize(n * nh * hd, 0.0);
-            attend(cache, l, &slots, &ws.q, nh, &mut ws.att, &mut ws.attn);
+            let params = AttnParams {
+                scale: cfg.options.attn_scale,
+                softcap: cfg.options.attn_softcap,
+                window,
+            };
+            attend(
+                cache,
+                l,
+                &slots,
+                &ws.q,
+                nh,
+                &params,
+                &mut ws.att,
+                &mut ws.attn,
+            );
             matmul(&layer.wo, &mut ws.acts, &ws.att, n, &mut ws.o, th);
             self.collective.all_reduce_sum(&mut ws.o)?;
+            if let Some(w) = &layer.attn_post_norm {
+                rms_norm_inplace(&mut ws.o, w, cfg.rms_eps);
+            }
             add_inplace(&mut ws.x, &ws.o);
 
             rms_norm(&ws.x, &layer.ffn_norm, cfg.rms_eps, &mut ws.h);
@@ -164,11 +209,17 @@ impl Model {
                         out.resize(n * m.rows(), 0.0);
                         m.matmul(&ws.acts, out, th);
                     }
-                    swiglu(&mut ws.gate, &ws.up);
+                    match cfg.options.act {
+                        Activation::Silu => swiglu(&mut ws.gate, &ws.up),
+                        Activation::GeluTanh => geglu(&mut ws.gate, &ws.up),
+                    }
                     matmul(&mlp.w_down, &mut ws.acts, &ws.gate, n, &mut ws.o, th);
                     self.collective.all_reduce_sum(&mut ws.o)?;
                 }
                 Ffn::Moe(moe) => self.moe_ffn(l, moe, &ws.h, n, &mut ws.o, &mut ws.moe)?,
+            }
+            if let Some(w) = &layer.ffn_post_norm {
+                rms_norm_inplace(&mut ws.o, w, cfg.rms_eps);
             }
             add_inplace(&mut ws.x, &ws.o);
         }
@@ -213,6 +264,9 @@ impl Model {
         );
         ws.h = h;
         self.gather_vocab(rows, ws)?;
+        if let Some(cap) = cfg.options.final_softcap {
+            softcap(&mut ws.logits, cap);
+        }
         Ok(rows)
     }
 

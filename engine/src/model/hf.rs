@@ -11,7 +11,7 @@ use serde_json::Value;
 use crate::kernels::QMatrix;
 use crate::safetensors::SafeTensors;
 
-use super::config::{Arch, ModelConfig, MoeConfig, RopeStyle};
+use super::config::{Arch, ArchOptions, ModelConfig, MoeConfig, RopeScaling, RopeStyle};
 use super::moe::{MoeLayer, SharedExpert};
 use super::weights::{Ffn, Layer, Mlp, Shard, Weights};
 use super::ModelError;
@@ -113,6 +113,8 @@ fn parse_config(v: &Value) -> Result<ModelConfig, String> {
         context_length: opt_u("max_position_embeddings").unwrap_or(2048),
         // HF checkpoints rotate halves (`rotate_half`); only GGUF llama files are permuted.
         rope_style: RopeStyle::Neox,
+        rope_scaling: RopeScaling::default(),
+        options: ArchOptions::plain(head_dim),
         moe,
     };
     cfg.validate().map_err(|e| e.to_string())?;
@@ -231,6 +233,8 @@ pub fn load_weights(
             q_norm: optional(st, &a("q_norm.weight"), hd, 0..hd)?,
             k_norm: optional(st, &a("k_norm.weight"), hd, 0..hd)?,
             ffn_norm: vector(st, &n("post_attention_layernorm.weight"), hidden)?,
+            attn_post_norm: None,
+            ffn_post_norm: None,
             ffn,
         });
     }

@@ -49,10 +49,14 @@ pub struct Layer {
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
+    /// RMSNorm of the attention output before the residual add (Gemma 2/3).
+    pub attn_post_norm: Option<Vec<f32>>,
+    /// RMSNorm of the feed-forward output before the residual add (Gemma 2/3).
+    pub ffn_post_norm: Option<Vec<f32>>,
     pub ffn: Ffn,
 }
 
-/// A SwiGLU feed-forward: `down(silu(gate x) * up x)`. In a dense layer gate/up are this rank's
+/// A gated feed-forward: `down(act(gate x) * up x)` (SwiGLU, or GeGLU for Gemma). In a dense layer gate/up are this rank's
 /// rows and down its columns; a routed expert is whole on the rank that owns it.
 pub struct Mlp {
     pub w_gate: QMatrix,
@@ -203,11 +207,26 @@ impl Weights {
                 optional_vector(g, &n(s), len).map(|o| o.map(|v| part(v, a, b)))
             };
             let head_norm = |s: &str| optional_vector(g, &n(s), hd);
+            // Phi-3 stores Q, K and V as one `attn_qkv` matrix (rows: Q, then K, then V).
+            let (wq, wk, wv) = if g.tensor(&n("attn_qkv.weight")).is_ok() {
+                let qkv = load("attn_qkv.weight", qd + 2 * kd, cfg.hidden)?;
+                (
+                    qkv.slice_rows(0, qd),
+                    qkv.slice_rows(qd, qd + kd),
+                    qkv.slice_rows(qd + kd, qd + 2 * kd),
+                )
+            } else {
+                (
+                    load("attn_q.weight", qd, cfg.hidden)?,
+                    load("attn_k.weight", kd, cfg.hidden)?,
+                    load("attn_v.weight", kd, cfg.hidden)?,
+                )
+            };
             layers.push(Layer {
                 attn_norm: vector(g, &n("attn_norm.weight"), cfg.hidden)?,
-                wq: rows(load("attn_q.weight", qd, cfg.hidden)?, q0 * hd, q1 * hd),
-                wk: rows(load("attn_k.weight", kd, cfg.hidden)?, k0 * hd, k1 * hd),
-                wv: rows(load("attn_v.weight", kd, cfg.hidden)?, k0 * hd, k1 * hd),
+                wq: rows(wq, q0 * hd, q1 * hd),
+                wk: rows(wk, k0 * hd, k1 * hd),
+                wv: rows(wv, k0 * hd, k1 * hd),
                 wo: cols(
                     load("attn_output.weight", cfg.hidden, qd)?,
                     q0 * hd,
@@ -219,12 +238,27 @@ impl Weights {
                 q_norm: head_norm("attn_q_norm.weight")?,
                 k_norm: head_norm("attn_k_norm.weight")?,
                 ffn_norm: vector(g, &n("ffn_norm.weight"), cfg.hidden)?,
+                attn_post_norm: optional_vector(g, &n("post_attention_norm.weight"), cfg.hidden)?,
+                ffn_post_norm: optional_vector(g, &n("post_ffw_norm.weight"), cfg.hidden)?,
                 ffn: if sparse(i) {
                     Ffn::Moe(super::gguf_moe::layer(g, cfg, i, shard)?)
                 } else {
+                    let (gate, up) = if g.tensor(&n("ffn_gate.weight")).is_ok() {
+                        (
+                            load("ffn_gate.weight", cfg.ffn, cfg.hidden)?,
+                            load("ffn_up.weight", cfg.ffn, cfg.hidden)?,
+                        )
+                    } else {
+                        // Phi-3: one `ffn_up` of 2·ffn rows, the gate's first.
+                        let both = load("ffn_up.weight", 2 * cfg.ffn, cfg.hidden)?;
+                        (
+                            both.slice_rows(0, cfg.ffn),
+                            both.slice_rows(cfg.ffn, 2 * cfg.ffn),
+                        )
+                    };
                     Ffn::Dense(Mlp {
-                        w_gate: rows(load("ffn_gate.weight", cfg.ffn, cfg.hidden)?, f0, f1),
-                        w_up: rows(load("ffn_up.weight", cfg.ffn, cfg.hidden)?, f0, f1),
+                        w_gate: rows(gate, f0, f1),
+                        w_up: rows(up, f0, f1),
                         w_down: cols(load("ffn_down.weight", cfg.hidden, cfg.ffn)?, f0, f1)?,
                     })
                 },

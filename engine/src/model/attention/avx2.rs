@@ -7,7 +7,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{softmax, AttnScratch, TokenSlot};
+use super::{normalize, AttnParams, AttnScratch, TokenSlot};
 use crate::kv::memory::{KvCache, KvLayout};
 
 /// `[hsum(a), hsum(b), hsum(c), hsum(d)]`, each `((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 +
@@ -47,12 +47,14 @@ unsafe fn partial<const CH: usize>(q: &[__m256; CH], k: *const f32) -> __m256 {
 
 /// Causal attention of every batch token over its cached positions (see `attend`).
 #[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
 pub(super) fn attend_f32<const CH: usize>(
     cache: &KvCache,
     layer: usize,
     slots: &[TokenSlot],
     q: &[f32],
     n_heads: usize,
+    params: &AttnParams,
     out: &mut [f32],
     scratch: &mut AttnScratch,
 ) {
@@ -60,26 +62,24 @@ pub(super) fn attend_f32<const CH: usize>(
     let (hd, bs) = (layout.head_dim, layout.block_size);
     assert_eq!(hd, 8 * CH);
     let group = n_heads / layout.n_kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = params.scale;
     let mem = cache.elems::<f32>();
     let qw = n_heads * hd;
-    let tok = layout.token_elems();
     for (t, s) in slots.iter().enumerate() {
-        let ctx = s.pos + 1;
+        let (lo, end) = (params.first(s.pos), s.pos + 1);
+        // Positions attended to (the whole causal prefix, or the window).
+        let ctx = end - lo;
         let q_t = &q[t * qw..(t + 1) * qw];
         let out_t = &mut out[t * qw..(t + 1) * qw];
-        let blocks = &s.blocks[..ctx.div_ceil(bs)];
         for g in 0..layout.n_kv_heads {
             // Row offsets of the group's keys and values, position by position.
             scratch.rows.clear();
-            for (bi, b) in blocks.iter().enumerate() {
-                let kb = layout.offset(b.0 as usize, layer, false, 0) + g * hd;
-                let vb = layout.offset(b.0 as usize, layer, true, 0) + g * hd;
-                for slot in 0..bs.min(ctx - bi * bs) {
-                    let (k, v) = (kb + slot * tok, vb + slot * tok);
-                    assert!(k + hd <= mem.len() && v + hd <= mem.len());
-                    scratch.rows.push((k, v));
-                }
+            for p in lo..end {
+                let (block, slot) = (s.blocks[p / bs].0 as usize, p % bs);
+                let k = layout.offset(block, layer, false, slot) + g * hd;
+                let v = layout.offset(block, layer, true, slot) + g * hd;
+                assert!(k + hd <= mem.len() && v + hd <= mem.len());
+                scratch.rows.push((k, v));
             }
             scratch.scores.clear();
             scratch.scores.resize(group * ctx, 0.0);
@@ -113,7 +113,7 @@ pub(super) fn attend_f32<const CH: usize>(
                     row[j] = _mm_cvtss_f32(hsum4(p, z, z, z)) * scale;
                     j += 1;
                 }
-                softmax(row);
+                normalize(row, params.softcap);
             }
             for h in 0..group {
                 let row = &scratch.scores[h * ctx..(h + 1) * ctx];
