@@ -14,10 +14,16 @@ pub fn dir() -> PathBuf {
 /// Whether `path` (a file or folder `scripts/llama-vocab` writes) is there. When it is not, the
 /// test fails under CI (the test command fetches the files) and says SKIPPED elsewhere.
 pub fn available(path: &Path) -> bool {
+    made_by(path, "scripts/llama-vocab")
+}
+
+/// Whether `path`, which `script` writes, is there: when it is not, the test fails under CI (the
+/// test command runs the script) and says SKIPPED elsewhere.
+pub fn made_by(path: &Path, script: &str) -> bool {
     if path.exists() {
         return true;
     }
-    let msg = format!("{} missing (run scripts/llama-vocab)", path.display());
+    let msg = format!("{} missing (run {script})", path.display());
     assert!(std::env::var_os("CI").is_none(), "{msg}");
     eprintln!("SKIPPED: {msg}");
     false
