@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+#[allow(dead_code)] // not every test binary that includes this module reads the folder
 pub fn dir() -> PathBuf {
     match std::env::var_os("CLEAVE_LLAMA_VOCAB_DIR") {
         Some(d) => PathBuf::from(d),
@@ -13,6 +14,7 @@ pub fn dir() -> PathBuf {
 
 /// Whether `path` (a file or folder `scripts/llama-vocab` writes) is there. When it is not, the
 /// test fails under CI (the test command fetches the files) and says SKIPPED elsewhere.
+#[allow(dead_code)]
 pub fn available(path: &Path) -> bool {
     made_by(path, "scripts/llama-vocab")
 }
