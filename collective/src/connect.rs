@@ -36,7 +36,7 @@ impl Pending {
                 cfg.rank, cfg.world
             )));
         }
-        if !cfg.transport.available() {
+        if !crate::transport_available(cfg.transport) {
             return Err(GroupError::Unsupported(format!(
                 "this build has no {:?} (UCX was not found when it was built); use tcp",
                 cfg.transport
@@ -192,6 +192,9 @@ fn accept(
                 return Ok((s, peer));
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                // A non-blocking accept polled until the group's deadline (std has no accept
+                // with a timeout).
+                #[allow(clippy::disallowed_methods)]
                 std::thread::sleep(Duration::from_millis(2))
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -236,6 +239,8 @@ fn connect_retry(
                 return Ok(s);
             }
             // Not up yet (or DNS not there yet in a fresh pod): try again shortly.
+            // A retry with a deadline: the peer's listener cannot signal us before it exists.
+            #[allow(clippy::disallowed_methods)]
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
     }

@@ -35,27 +35,9 @@ use std::time::Duration;
 pub use connect::Pending;
 pub use group::NetGroup;
 
-/// How ranks talk to each other.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Transport {
-    /// One TCP connection per pair of ranks (TCP_NODELAY).
-    #[default]
-    Tcp,
-    /// UCX tag messages (shared memory on one host, RDMA where available), with the TCP mesh
-    /// kept as the control path. Refused by [`NetGroup::connect`] in builds without UCX.
-    Ucx,
-}
-
-impl std::str::FromStr for Transport {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "tcp" => Ok(Transport::Tcp),
-            "ucx" => Ok(Transport::Ucx),
-            other => Err(format!("unknown transport {other:?} (tcp or ucx)")),
-        }
-    }
-}
+/// How ranks talk to each other (defined with the other flag choices in `cleave-types`; UCX is
+/// refused by [`NetGroup::connect`] in builds without it).
+pub use cleave_types::choices::CollectiveTransport as Transport;
 
 /// Who this rank is and how to reach the group.
 #[derive(Clone, Debug)]
@@ -148,12 +130,10 @@ pub enum GroupError {
     Unsupported(String),
 }
 
-impl Transport {
-    /// Whether this build can use the transport.
-    pub fn available(self) -> bool {
-        match self {
-            Transport::Tcp => true,
-            Transport::Ucx => cfg!(have_ucx),
-        }
+/// Whether this build can use the transport.
+pub fn transport_available(t: Transport) -> bool {
+    match t {
+        Transport::Tcp => true,
+        Transport::Ucx => cfg!(have_ucx),
     }
 }

@@ -30,18 +30,9 @@ impl std::fmt::Display for Backend {
     }
 }
 
-/// Which backend [`default_transport`] builds.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BackendChoice {
-    /// UCX when this build and machine have it, else TCP.
-    #[default]
-    Auto,
-    /// UCX or an error.
-    Ucx,
-    /// TCP only.
-    Tcp,
-}
+/// Which backend [`default_transport`] builds (defined with the other flag choices in
+/// `cleave-types`).
+pub use cleave_types::choices::KvBackendChoice as BackendChoice;
 
 /// Transport settings.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

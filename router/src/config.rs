@@ -1,251 +1,30 @@
-//! The router's configuration (flags or `CLEAVE_*` environment variables).
+//! The router's configuration: the flags are [`cleave_config::router`]'s (the operator renders
+//! them without linking the router); this adds the checks that need the router's own parsers.
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::time::Duration;
+pub use cleave_config::router::*;
 
-use clap::Args;
-use cleave_types::duration::parse_positive_duration;
-
-use crate::place::PolicyKind;
-
-/// Router settings.
-#[derive(Clone, Debug, Args)]
-pub struct RouterConfig {
-    /// What the router serves: the OpenAI API (`http`), or the Gateway API Inference
-    /// Extension's endpoint picker over Envoy ext_proc (`endpoint-picker`, docs/endpoint-picker.md).
-    #[arg(long, env = "CLEAVE_MODE", value_enum, default_value = "http")]
-    pub mode: Mode,
-    /// Where the OpenAI API listens.
-    #[arg(long, env = "CLEAVE_LISTEN", default_value = "127.0.0.1:8000")]
-    pub listen: SocketAddr,
-    /// The model the workers serve, a GGUF file or a Hugging Face directory (the router reads
-    /// its tokenizer, chat template and context length; it loads no weights).
-    #[arg(long, env = "CLEAVE_MODEL")]
-    pub model: PathBuf,
-    /// The model name clients send (default: the GGUF file name without `.gguf`, or
-    /// the Hugging Face directory's name).
-    #[arg(long, env = "CLEAVE_SERVED_MODEL_NAME")]
-    pub served_model_name: Option<String>,
-    /// Decode workers' gRPC endpoints (`http://host:port`, repeatable).
-    #[arg(long = "decode")]
-    pub decode: Vec<String>,
-    /// Prefill workers' gRPC endpoints (repeatable).
-    #[arg(long = "prefill")]
-    pub prefill: Vec<String>,
-    /// Placement policy.
-    #[arg(
-        long,
-        env = "CLEAVE_POLICY",
-        value_enum,
-        default_value = "prefix-optimistic"
-    )]
-    pub policy: PolicyKind,
-    /// Disaggregate only when at least this many prompt blocks (16 tokens) are uncached on the
-    /// decode worker; shorter prompts are prefilled where they decode.
-    #[arg(long, env = "CLEAVE_DISAGG_MIN_UNCACHED_BLOCKS", default_value_t = 9)]
-    pub disagg_min_uncached_blocks: usize,
-    /// Async runtime threads (HTTP, gRPC streams, discovery).
-    #[arg(long, env = "CLEAVE_RUNTIME_THREADS", default_value_t = cleave_telemetry::DEFAULT_RUNTIME_THREADS,
-          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
-    pub runtime_threads: usize,
-    /// How many times one request may move to another decode worker when its worker fails
-    /// mid-stream (the stream goes on from where it was; 0 turns migration off: the stream ends
-    /// in an error).
-    #[arg(long, env = "CLEAVE_MIGRATION_LIMIT", default_value_t = crate::dispatch::DEFAULT_MIGRATION_LIMIT)]
-    pub migration_limit: usize,
-    /// A file with one accepted API key per line, each optionally followed by its limits
-    /// (`KEY rpm=N tpm=N concurrency=N name=LABEL`, docs/security.md); enables
-    /// `Authorization: Bearer` checks. Reloaded when it changes.
-    #[arg(long, env = "CLEAVE_API_KEYS_FILE")]
-    pub api_keys_file: Option<PathBuf>,
-    /// Per-API-key request, token and rate-limit counters (a `key` label per key: opt in only
-    /// when the number of keys is bounded).
-    #[arg(long, env = "CLEAVE_KEY_METRICS")]
-    pub key_metrics: bool,
-    /// Serve the OpenAI API over HTTPS with this PEM certificate chain (with `--tls-key`);
-    /// default: plain HTTP. Reloaded when the file changes.
-    #[arg(long, env = "CLEAVE_TLS_CERT")]
-    pub tls_cert: Option<PathBuf>,
-    /// The PEM private key of `--tls-cert`.
-    #[arg(long, env = "CLEAVE_TLS_KEY")]
-    pub tls_key: Option<PathBuf>,
-    /// Require client certificates issued by these PEM CA certificates (mutual TLS; needs
-    /// `--tls-cert`).
-    #[arg(long, env = "CLEAVE_TLS_CLIENT_CA")]
-    pub tls_client_ca: Option<PathBuf>,
-    /// How often the TLS files and the API keys file are read again for changes (a SIGHUP
-    /// rereads them at once).
-    #[arg(long, env = "CLEAVE_RELOAD_INTERVAL", value_parser = parse_positive_duration, default_value = "10s")]
-    pub reload_interval: Duration,
-    /// Requests running at once.
-    #[arg(long, env = "CLEAVE_MAX_IN_FLIGHT", default_value_t = 64)]
-    pub max_in_flight: usize,
-    /// Requests waiting for a slot; beyond this: 429.
-    #[arg(long, env = "CLEAVE_MAX_QUEUE", default_value_t = 256)]
-    pub max_queue: usize,
-    /// Longest time a request may take, queueing included.
-    #[arg(long, env = "CLEAVE_REQUEST_TIMEOUT", value_parser = parse_positive_duration, default_value = "600s")]
-    pub request_timeout: Duration,
-    /// etcd endpoints (comma-separated) to discover workers from (combinable with
-    /// `--decode`/`--prefill`).
-    #[arg(long, env = "CLEAVE_ETCD")]
-    pub etcd: Option<String>,
-    /// Key prefix of worker registrations in etcd.
-    #[arg(long, env = "CLEAVE_ETCD_PREFIX", default_value = "/cleave/workers/")]
-    pub etcd_prefix: String,
-    /// A discovery source besides `--decode`/`--prefill`: `etcd` (implied by `--etcd`) or
-    /// `kubernetes` (ready pods found by `--kube-selector`; in-cluster config in a pod, else
-    /// KUBECONFIG).
-    #[arg(long, env = "CLEAVE_DISCOVERY", value_enum)]
-    pub discovery: Option<DiscoveryKind>,
-    /// Namespace of the worker pods (default: the client's, i.e. the router pod's own).
-    #[arg(long, env = "CLEAVE_KUBE_NAMESPACE")]
-    pub kube_namespace: Option<String>,
-    /// Label selector of the worker pods, e.g. `app.kubernetes.io/instance=NAME`.
-    #[arg(long, env = "CLEAVE_KUBE_SELECTOR")]
-    pub kube_selector: Option<String>,
-    /// How often all worker pods are listed again besides the watch (which can miss deletions).
-    #[arg(long, env = "CLEAVE_KUBE_RELIST", value_parser = parse_positive_duration, default_value = "30s")]
-    pub kube_relist: Duration,
-    /// Route to a pool of vLLM or SGLang pods (`--kv-events-pod`) instead of cleave workers,
-    /// keeping the prefix index from their ZMQ KV events (docs/kv-events.md).
-    #[arg(long, env = "CLEAVE_KV_EVENTS", value_enum)]
-    pub kv_events: Option<crate::events::KvEventsKind>,
-    /// An engine pod (repeatable): `http://HOST:PORT[,events=tcp://HOST:PORT]
-    /// [,replay=tcp://HOST:PORT][,topic=T]`; the event endpoints default to the pod's host
-    /// with `--kv-events-port` / `--kv-events-replay-port`.
-    #[arg(long = "kv-events-pod")]
-    pub kv_events_pods: Vec<String>,
-    /// The engines' KV-event PUB port.
-    #[arg(long, env = "CLEAVE_KV_EVENTS_PORT", default_value_t = 5557)]
-    pub kv_events_port: u16,
-    /// The engines' KV-event replay (ROUTER) port, if they run one.
-    #[arg(long, env = "CLEAVE_KV_EVENTS_REPLAY_PORT")]
-    pub kv_events_replay_port: Option<u16>,
-    /// The KV-event topic to subscribe to (default: all).
-    #[arg(long, env = "CLEAVE_KV_EVENTS_TOPIC", default_value = "")]
-    pub kv_events_topic: String,
-    #[command(flatten)]
-    pub epp: crate::epp::config::EppConfig,
+/// The engine pods of `--kv-events` mode.
+pub fn engine_pods(config: &RouterConfig) -> Result<Vec<crate::events::PodSpec>, String> {
+    let defaults = crate::events::PodDefaults {
+        events_port: config.kv_events_port,
+        replay_port: config.kv_events_replay_port,
+        topic: config.kv_events_topic.clone(),
+        ..Default::default()
+    };
+    config
+        .kv_events_pods
+        .iter()
+        .map(|p| crate::events::PodSpec::parse(p, &defaults))
+        .collect()
 }
 
-/// What `cleave-router` serves.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum Mode {
-    /// The OpenAI-compatible HTTP API, dispatching to cleave workers.
-    #[default]
-    Http,
-    /// An endpoint picker for an InferencePool behind an Envoy-based Gateway.
-    EndpointPicker,
-}
-
-/// Where workers are discovered besides the static lists.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum DiscoveryKind {
-    /// Worker registrations in etcd (`--etcd`).
-    Etcd,
-    /// Ready pods of the Kubernetes API (`--kube-selector`).
-    Kubernetes,
-}
-
-impl RouterConfig {
-    /// The etcd endpoints, empty when etcd discovery is off.
-    pub fn etcd_endpoints(&self) -> Vec<String> {
-        self.etcd
-            .as_deref()
-            .map(crate::discovery::etcd::split_endpoints)
-            .unwrap_or_default()
+/// [`RouterConfig::validate`], and in `--kv-events` mode the pods' specs too.
+pub fn validate(config: &RouterConfig) -> Result<(), String> {
+    config.validate()?;
+    if config.kv_events.is_some() {
+        engine_pods(config)?;
     }
-
-    /// Whether Kubernetes discovery is on.
-    pub fn kubernetes(&self) -> bool {
-        self.discovery == Some(DiscoveryKind::Kubernetes)
-    }
-
-    /// The engine pods of `--kv-events` mode.
-    pub fn engine_pods(&self) -> Result<Vec<crate::events::PodSpec>, String> {
-        let defaults = crate::events::PodDefaults {
-            events_port: self.kv_events_port,
-            replay_port: self.kv_events_replay_port,
-            topic: self.kv_events_topic.clone(),
-            ..Default::default()
-        };
-        self.kv_events_pods
-            .iter()
-            .map(|p| crate::events::PodSpec::parse(p, &defaults))
-            .collect()
-    }
-
-    /// The TLS files of the OpenAI endpoint, `None` for plain HTTP; an error when only part
-    /// of them is given.
-    pub fn tls_files(&self) -> Result<Option<crate::tls::TlsFiles>, String> {
-        match (&self.tls_cert, &self.tls_key) {
-            (Some(cert), Some(key)) => Ok(Some(crate::tls::TlsFiles {
-                cert: cert.clone(),
-                key: key.clone(),
-                client_ca: self.tls_client_ca.clone(),
-            })),
-            (Some(_), None) => Err("--tls-cert needs --tls-key".into()),
-            (None, Some(_)) => Err("--tls-key needs --tls-cert".into()),
-            (None, None) if self.tls_client_ca.is_some() => {
-                Err("--tls-client-ca needs --tls-cert and --tls-key".into())
-            }
-            (None, None) => Ok(None),
-        }
-    }
-
-    /// Checks that some source of decode workers is configured, and completely.
-    pub fn validate(&self) -> Result<(), String> {
-        self.tls_files()?;
-        if self.kv_events.is_some() {
-            if self.kv_events_pods.is_empty() {
-                return Err("--kv-events needs at least one --kv-events-pod".into());
-            }
-            if !self.decode.is_empty() || !self.prefill.is_empty() || self.etcd.is_some() {
-                return Err(
-                    "--kv-events routes to engine pods only: drop --decode, --prefill \
-                            and --etcd"
-                        .into(),
-                );
-            }
-            if self.discovery.is_some() {
-                return Err(
-                    "--kv-events takes its pods from --kv-events-pod, not --discovery".into(),
-                );
-            }
-            return self.engine_pods().map(|_| ());
-        }
-        if !self.kv_events_pods.is_empty() {
-            return Err("--kv-events-pod needs --kv-events vllm|sglang".into());
-        }
-        if self.mode == Mode::EndpointPicker {
-            return self.epp.validate();
-        }
-        if self.discovery == Some(DiscoveryKind::Etcd) && self.etcd_endpoints().is_empty() {
-            return Err("--discovery etcd needs --etcd endpoints".into());
-        }
-        if self.kubernetes()
-            && self
-                .kube_selector
-                .as_deref()
-                .unwrap_or("")
-                .trim()
-                .is_empty()
-        {
-            return Err("--discovery kubernetes needs --kube-selector (e.g. \
-                        app.kubernetes.io/instance=NAME)"
-                .into());
-        }
-        if self.decode.is_empty() && self.etcd_endpoints().is_empty() && !self.kubernetes() {
-            return Err(
-                "at least one decode worker source is required: --decode, --etcd or \
-                        --discovery kubernetes"
-                    .into(),
-            );
-        }
-        Ok(())
-    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -267,57 +46,7 @@ mod tests {
     }
 
     #[test]
-    fn discovery_sources_are_validated() {
-        let k = parse(&[
-            "--discovery",
-            "kubernetes",
-            "--kube-namespace",
-            "serving",
-            "--kube-selector",
-            "app.kubernetes.io/instance=svc",
-            "--kube-relist",
-            "5",
-        ]);
-        assert!(k.kubernetes());
-        assert_eq!(k.kube_namespace.as_deref(), Some("serving"));
-        assert_eq!(k.kube_relist, Duration::from_secs(5));
-        assert_eq!(k.validate(), Ok(()));
-        assert_eq!(
-            parse(&["--discovery", "kubernetes"]).kube_relist,
-            Duration::from_secs(30)
-        );
-        let no_selector = parse(&["--discovery", "kubernetes", "--kube-selector", " "]).validate();
-        assert!(no_selector.unwrap_err().contains("--kube-selector"));
-        let no_etcd = parse(&["--discovery", "etcd"]).validate();
-        assert!(no_etcd.unwrap_err().contains("--etcd"));
-        assert_eq!(
-            parse(&["--etcd", "http://127.0.0.1:2379"]).validate(),
-            Ok(())
-        );
-        assert!(parse(&[])
-            .validate()
-            .unwrap_err()
-            .contains("--discovery kubernetes"));
-        assert!(Cli::try_parse_from(["router", "--model", "m", "--discovery", "consul"]).is_err());
-    }
-
-    #[test]
-    fn tls_flags_come_in_pairs() {
-        let d = ["--decode", "http://d:1"];
-        assert_eq!(parse(&d).tls_files(), Ok(None));
-        let tls = parse(&[&d[..], &["--tls-cert", "c.pem", "--tls-key", "k.pem"]].concat());
-        let files = tls.tls_files().unwrap().expect("TLS on");
-        assert_eq!(files.cert, PathBuf::from("c.pem"));
-        assert_eq!(files.client_ca, None);
-        assert_eq!(tls.reload_interval, Duration::from_secs(10));
-        let half = parse(&[&d[..], &["--tls-cert", "c.pem"]].concat()).validate();
-        assert!(half.unwrap_err().contains("--tls-key"));
-        let ca_only = parse(&[&d[..], &["--tls-client-ca", "ca.pem"]].concat()).validate();
-        assert!(ca_only.unwrap_err().contains("--tls-cert"));
-    }
-
-    #[test]
-    fn kv_events_mode_is_validated() {
+    fn kv_events_pods_are_parsed_with_the_port_defaults() {
         let pool = parse(&[
             "--kv-events",
             "vllm",
@@ -326,38 +55,15 @@ mod tests {
             "--kv-events-replay-port",
             "5558",
         ]);
-        assert_eq!(pool.validate(), Ok(()));
-        let pods = pool.engine_pods().unwrap();
+        assert_eq!(validate(&pool), Ok(()));
+        let pods = engine_pods(&pool).unwrap();
         assert_eq!(pods[0].events.events, "tcp://10.0.0.1:5557");
         assert_eq!(
             pods[0].events.replay.as_deref(),
             Some("tcp://10.0.0.1:5558")
         );
-        assert!(parse(&["--kv-events", "sglang"])
-            .validate()
-            .unwrap_err()
-            .contains("--kv-events-pod"));
-        assert!(
-            parse(&["--kv-events-pod", "http://h:1", "--decode", "http://d:1"])
-                .validate()
-                .unwrap_err()
-                .contains("--kv-events vllm")
-        );
-        let mixed = parse(&[
-            "--kv-events",
-            "vllm",
-            "--kv-events-pod",
-            "http://h:1",
-            "--decode",
-            "http://d:1",
-        ]);
-        assert!(mixed.validate().unwrap_err().contains("--decode"));
         let bad = parse(&["--kv-events", "vllm", "--kv-events-pod", "h:1"]);
-        assert!(bad.validate().unwrap_err().contains("http://"));
-        assert_eq!(
-            parse(&[]).kv_events,
-            None,
-            "cleave workers stay the default"
-        );
+        assert_eq!(bad.validate(), Ok(()), "the flags alone are complete");
+        assert!(validate(&bad).unwrap_err().contains("http://"));
     }
 }

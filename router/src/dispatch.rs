@@ -302,7 +302,7 @@ impl Drop for Reservation {
 
 /// Migrations per request by default: how many times a stream whose decode worker failed
 /// mid-stream is moved to another one.
-pub const DEFAULT_MIGRATION_LIMIT: usize = 3;
+pub use cleave_config::router::DEFAULT_MIGRATION_LIMIT;
 
 /// The dispatcher: a [`Backend`] over the cluster's workers.
 pub struct Dispatcher {

@@ -20,6 +20,7 @@ pub mod process;
 pub mod protocol;
 pub mod scrape;
 
+use crate::place::BuildPolicy;
 use std::net::SocketAddr;
 use std::sync::Arc;
 

@@ -20,20 +20,14 @@ pub mod pool;
 pub mod subscribe;
 pub mod wire;
 
+use crate::place::BuildPolicy;
 pub use chain::{ChainConfig, PodChains};
 pub use feed::{FeedStats, PodFeed, SeqStep};
 pub use pool::{PodDefaults, PodSpec, Pool};
 pub use subscribe::Source;
 pub use wire::{Batch, BlockStored, EngineEvent, EngineHash, WireError};
 
-/// Whose KV events the router consumes (`--kv-events`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum KvEventsKind {
-    /// vLLM's `--kv-events-config` ZMQ publisher.
-    Vllm,
-    /// SGLang's `--kv-events-config` ZMQ publisher (the same wire format).
-    Sglang,
-}
+pub use cleave_config::router::KvEventsKind;
 
 /// Starts the `--kv-events` backend: the configured pods, followed until `shutdown`, placed by
 /// the configured policy (never disaggregated: engines prefill what they decode).
@@ -44,7 +38,7 @@ pub fn start_pool(
     model: String,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<Pool> {
-    let pods = config.engine_pods().map_err(anyhow::Error::msg)?;
+    let pods = crate::config::engine_pods(config).map_err(anyhow::Error::msg)?;
     let place = crate::place::PlaceConfig {
         disagg_min_uncached_blocks: usize::MAX,
         ..place.clone()

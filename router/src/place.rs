@@ -133,66 +133,18 @@ pub trait Policy: Send + Sync {
     fn place(&self, req: &PlacementRequest, workers: &WorkerView) -> Result<Placement, PlaceError>;
 }
 
-/// The available policies.
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    Default,
-    PartialEq,
-    Eq,
-    Hash,
-    clap::ValueEnum,
-    serde::Serialize,
-    serde::Deserialize,
-)]
-#[serde(rename_all = "kebab-case")]
-#[clap(rename_all = "kebab-case")]
-pub enum PolicyKind {
-    /// Prefix affinity weighed against load, over the KV-event index's matches.
-    PrefixLoad,
-    /// Healthy workers in turn.
-    RoundRobin,
-    /// Least loaded worker, ignoring the cache.
-    LeastLoad,
-    /// A uniformly random healthy worker (seeded).
-    Random,
-    /// SGLang router's cache-aware policy (an anchor for comparison).
-    SglangCacheAware,
-    /// Dynamo KV router's cost function (an anchor for comparison).
-    DynamoCost,
-    /// `prefix-load` over matches that include the router's in-flight placements (the default).
-    #[default]
-    PrefixOptimistic,
+/// Which policy (`--policy`): defined with the router's flags in [`cleave_config::router`].
+pub use cleave_config::router::PolicyKind;
+
+/// Builds a [`PolicyKind`]'s policy (the kind is defined with the router's flags, in
+/// `cleave-config`, so this is a trait the router implements for it).
+pub trait BuildPolicy {
+    /// Builds the policy with `config`.
+    fn build(self, config: &PlaceConfig) -> Box<dyn Policy>;
 }
 
-impl PolicyKind {
-    /// Every policy, default first.
-    pub const ALL: [PolicyKind; 7] = [
-        PolicyKind::PrefixOptimistic,
-        PolicyKind::PrefixLoad,
-        PolicyKind::RoundRobin,
-        PolicyKind::LeastLoad,
-        PolicyKind::Random,
-        PolicyKind::SglangCacheAware,
-        PolicyKind::DynamoCost,
-    ];
-
-    /// The kebab-case name.
-    pub fn name(self) -> &'static str {
-        match self {
-            PolicyKind::PrefixLoad => "prefix-load",
-            PolicyKind::RoundRobin => "round-robin",
-            PolicyKind::LeastLoad => "least-load",
-            PolicyKind::Random => "random",
-            PolicyKind::SglangCacheAware => "sglang-cache-aware",
-            PolicyKind::DynamoCost => "dynamo-cost",
-            PolicyKind::PrefixOptimistic => "prefix-optimistic",
-        }
-    }
-
-    /// Builds the policy with `config`.
-    pub fn build(self, config: &PlaceConfig) -> Box<dyn Policy> {
+impl BuildPolicy for PolicyKind {
+    fn build(self, config: &PlaceConfig) -> Box<dyn Policy> {
         match self {
             PolicyKind::PrefixLoad => Box::new(prefix_load::PrefixLoad::new(config.clone())),
             PolicyKind::RoundRobin => Box::new(round_robin::RoundRobin::new(config.clone())),
@@ -206,21 +158,6 @@ impl PolicyKind {
                 Box::new(prefix_optimistic::PrefixOptimistic::new(config.clone()))
             }
         }
-    }
-
-    /// Where the policy's prefix matches come from when it runs as its anchor does: `true` for
-    /// `sglang-cache-aware`, whose router matches against a tree of the requests *it routed*
-    /// (no KV events); `false`: the KV-event-fed [`cleave_kv_index::PrefixIndex`]. The simulator
-    /// follows this; the live router always passes the KV-event index's matches.
-    pub fn matches_routed_requests(self) -> bool {
-        matches!(self, PolicyKind::SglangCacheAware)
-    }
-
-    /// Whether the policy expects its matches to include the router's placements whose KV events
-    /// have not arrived yet (on top of the KV-event index; [`in_flight::InFlight`], which the
-    /// simulator and the live router's `dispatch::Cluster` both use): `prefix-optimistic`.
-    pub fn matches_in_flight(self) -> bool {
-        matches!(self, PolicyKind::PrefixOptimistic)
     }
 }
 

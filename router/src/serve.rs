@@ -5,6 +5,7 @@
 //! by one reload task; either takes effect only when a file's contents changed and load
 //! (docs/security.md).
 
+use crate::place::BuildPolicy;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -73,7 +74,7 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
         .map(|e| (Role::Prefill, e.clone()))
         .collect();
     workers.extend(config.decode.iter().map(|e| (Role::Decode, e.clone())));
-    config.validate().map_err(anyhow::Error::msg)?;
+    crate::config::validate(&config).map_err(anyhow::Error::msg)?;
     Box::new(Static { workers })
         .start(cluster.clone(), shutdown.clone())
         .map_err(anyhow::Error::msg)?;

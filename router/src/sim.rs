@@ -33,6 +33,7 @@ pub mod report;
 pub mod tenants;
 pub mod trace;
 
+use crate::place::BuildPolicy;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
 use std::time::{Duration, Instant};

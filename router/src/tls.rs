@@ -33,16 +33,7 @@ use tokio_util::sync::CancellationToken;
 /// Longest time a client may take to finish the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Where the endpoint's TLS identity is read from (PEM files).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TlsFiles {
-    /// The certificate chain, leaf first.
-    pub cert: PathBuf,
-    /// The private key (PKCS#8, PKCS#1 or SEC1).
-    pub key: PathBuf,
-    /// CA certificates client certificates must chain to; `None`: no client certificates.
-    pub client_ca: Option<PathBuf>,
-}
+pub use cleave_config::router::TlsFiles;
 
 /// Why a TLS identity could not be loaded.
 #[derive(Debug, thiserror::Error)]

@@ -4,6 +4,7 @@
 //! prefix index; then placements on a pool of fake engine pods (HTTP servers that answer
 //! `/health` and stream `/v1/completions`) by `prefix-load`.
 
+use cleave_router::place::BuildPolicy;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

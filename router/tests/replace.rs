@@ -4,6 +4,7 @@
 //! one; every request still gets the healthy worker's tokens. A worker's `INVALID_ARGUMENT`
 //! stays the client's error (not retried elsewhere).
 
+use cleave_router::place::BuildPolicy;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -63,6 +63,8 @@ pub fn init(service_name: &str) -> Guard {
 pub fn init_with_default(service_name: &str, default_filter: &str) -> Guard {
     let filter =
         || EnvFilter::try_from_env("CLEAVE_LOG").unwrap_or_else(|_| EnvFilter::new(default_filter));
+    // OpenTelemetry's standard variable, which its exporter reads itself.
+    #[allow(clippy::disallowed_methods)]
     let exporting = std::env::var_os(ENDPOINT_VAR).is_some_and(|v| !v.is_empty());
     let provider = if exporting {
         match provider(service_name) {
@@ -184,9 +186,6 @@ fn colour() -> bool {
     use std::io::IsTerminal;
     std::io::stderr().is_terminal()
 }
-
-/// Default of the servers' `--runtime-threads`: async I/O threads beside the compute threads.
-pub const DEFAULT_RUNTIME_THREADS: usize = 2;
 
 /// The multi-thread tokio runtime of a server binary, with `threads` worker threads (its
 /// `--runtime-threads` flag; at least 1).

@@ -5,11 +5,13 @@
 //!   prefix cache publishes ([`KvEventRecord`]: an event with its sequence id);
 //! - [`WorkerId`]: the id a router knows a worker by;
 //! - [`FinishReason`]: why a generation ended, with its wire names;
+//! - [`choices`]: the KV element type, KV transport and collective transport a flag picks;
 //! - [`duration`]: the one grammar of every duration flag (`250ms`, `30s`, `2m`, `1h`, or
 //!   plain seconds).
 
 #![forbid(unsafe_code)]
 
+pub mod choices;
 pub mod duration;
 pub mod kv;
 

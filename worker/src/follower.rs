@@ -27,7 +27,7 @@ pub async fn run(
     };
     let args = config.group.clone();
     let mm = m.clone();
-    let group = tokio::task::spawn_blocking(move || args.connect(&mm)).await??;
+    let group = tokio::task::spawn_blocking(move || crate::group::connect(&args, &mm)).await??;
     let path = config.model.clone();
     let g = group.clone();
     let args = config.group.clone();

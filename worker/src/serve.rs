@@ -108,7 +108,7 @@ pub async fn run(
     let group = match membership {
         Some(m) => {
             let args = config.group.clone();
-            Some(tokio::task::spawn_blocking(move || args.connect(&m)).await??)
+            Some(tokio::task::spawn_blocking(move || crate::group::connect(&args, &m)).await??)
         }
         None => None,
     };

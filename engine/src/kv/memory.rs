@@ -6,37 +6,9 @@
 
 use half::f16;
 
-/// The element type of stored keys and values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum KvDtype {
-    /// 4 bytes per element, exact.
-    #[default]
-    F32,
-    /// 2 bytes per element, half the memory (llama.cpp's default).
-    F16,
-}
-
-impl KvDtype {
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            KvDtype::F32 => 4,
-            KvDtype::F16 => 2,
-        }
-    }
-}
-
-impl std::str::FromStr for KvDtype {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "f32" => Ok(KvDtype::F32),
-            "f16" => Ok(KvDtype::F16),
-            other => Err(format!("unknown KV dtype {other:?} (expected f32 or f16)")),
-        }
-    }
-}
+/// The element type of stored keys and values (defined with the other flag choices in
+/// `cleave-types`).
+pub use cleave_types::choices::KvDtype;
 
 /// Where each token's keys and values live inside the region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

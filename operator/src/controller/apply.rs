@@ -98,7 +98,7 @@ fn no_pool_crd(e: kube::Error) -> kube::Error {
                 "spec.gateway.inferencePool needs the InferencePool CRD \
                  (inferencepools.{}/v1) installed in the cluster: kubectl apply -f \
                  crds/upstream/inference.networking.k8s.io_inferencepools.yaml ({})",
-                cleave_router::epp::inference_pool::GROUP,
+                cleave_config::epp::INFERENCE_POOL_GROUP,
                 r.message
             );
             kube::Error::Api(r)

@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 
 use clap::{Args, Command, FromArgMatches};
-use cleave_router::config::RouterConfig;
-use cleave_worker::config::WorkerConfig;
+use cleave_config::router::RouterConfig;
+use cleave_config::worker::WorkerConfig;
 
 /// A rendered setting the binary would reject.
 #[derive(Debug, thiserror::Error)]

@@ -35,7 +35,21 @@ pub const EPP_PORT: i32 = 9002;
 pub const COMPONENT: &str = "endpoint-picker";
 
 /// The InferencePool API (the endpoint picker's own definition).
-pub use cleave_router::epp::inference_pool::resource as inference_pool_resource;
+use cleave_config::epp::{
+    INFERENCE_POOL_GROUP, INFERENCE_POOL_KIND, INFERENCE_POOL_PLURAL, INFERENCE_POOL_VERSION,
+};
+
+/// The InferencePool API resource the router's endpoint picker follows.
+pub fn inference_pool_resource() -> kube::api::ApiResource {
+    kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk(
+            INFERENCE_POOL_GROUP,
+            INFERENCE_POOL_VERSION,
+            INFERENCE_POOL_KIND,
+        ),
+        INFERENCE_POOL_PLURAL,
+    )
+}
 
 /// `<name>-pool`: the InferencePool.
 pub fn pool_name(name: &str) -> String {
@@ -374,7 +388,7 @@ mod tests {
         // The sidecar's flags parse as the router's own.
         let mut argv = vec!["cleave-router".to_string(), "--model".into(), "m".into()];
         argv.extend(args);
-        let cmd = <cleave_router::config::RouterConfig as clap::Args>::augment_args(
+        let cmd = <cleave_config::router::RouterConfig as clap::Args>::augment_args(
             clap::Command::new("cleave-router"),
         );
         cmd.try_get_matches_from(argv).expect("router flags");

@@ -41,14 +41,7 @@ pub fn parse(key: &str, value: &[u8]) -> Option<Record> {
     }
 }
 
-/// Splits `a,b,c` into endpoints.
-pub fn split_endpoints(s: &str) -> Vec<String> {
-    s.split(',')
-        .map(str::trim)
-        .filter(|e| !e.is_empty())
-        .map(String::from)
-        .collect()
-}
+pub use cleave_config::router::split_endpoints;
 
 /// etcd discovery, connected and with the initial listing done.
 pub struct Etcd {

@@ -1,6 +1,7 @@
 //! The live placement path (`Dispatcher::place` → `Cluster::prepare` / `Cluster::reserve`) with
 //! and without the in-flight overlay, no worker process needed (placement opens no connection).
 
+use crate::place::BuildPolicy;
 use cleave_kv_index::{KvEvent, KvEventRecord};
 
 use super::*;

@@ -30,18 +30,15 @@ use tokio_util::sync::CancellationToken;
 use super::pool::{Backend, Member, Pool};
 use crate::discovery::kube::{grpc_port, pod_host, PodState, POOL_LABEL};
 
-/// The InferencePool API group.
-pub const GROUP: &str = "inference.networking.k8s.io";
-/// Its version.
-pub const VERSION: &str = "v1";
-/// Its kind.
-pub const KIND: &str = "InferencePool";
+pub use cleave_config::epp::{
+    INFERENCE_POOL_GROUP as GROUP, INFERENCE_POOL_KIND as KIND, INFERENCE_POOL_VERSION as VERSION,
+};
 
 /// The InferencePool API resource.
 pub fn resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk(GROUP, VERSION, KIND),
-        "inferencepools",
+        cleave_config::epp::INFERENCE_POOL_PLURAL,
     )
 }
 

@@ -1,0 +1,91 @@
+//! The worker binaries' configuration (`cleave-worker`, `cleave-prefill-worker`,
+//! `cleave-decode-worker`, `cleave worker`): flags or `CLEAVE_*` environment variables.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use cleave_types::choices::{KvBackendChoice, KvDtype};
+
+use cleave_types::duration::parse_duration;
+
+/// What a worker does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    /// Runs prefills for decode workers and writes the KV into their memory.
+    Prefill,
+    /// Decodes (and prefills locally when no prefill worker is given or it fails).
+    Decode,
+}
+
+/// Worker settings (flags, or `CLEAVE_*` environment variables).
+#[derive(Clone, Debug, Args)]
+pub struct WorkerConfig {
+    /// The model: a GGUF file or a Hugging Face directory (`config.json`, safetensors,
+    /// `tokenizer.json`); both roles must load the same one.
+    #[arg(long, env = "CLEAVE_MODEL")]
+    pub model: PathBuf,
+    /// gRPC listen address (port 0 picks a free port).
+    #[arg(long, env = "CLEAVE_GRPC_ADDR", default_value = "127.0.0.1:0")]
+    pub grpc_addr: SocketAddr,
+    /// HTTP listen address for /health, /ready and /metrics.
+    #[arg(long, env = "CLEAVE_HTTP_ADDR", default_value = "127.0.0.1:0")]
+    pub http_addr: SocketAddr,
+    /// KV blocks in this worker's pool.
+    #[arg(long, env = "CLEAVE_KV_BLOCKS", default_value_t = 512)]
+    pub kv_blocks: usize,
+    /// KV element type.
+    #[arg(long, env = "CLEAVE_KV_DTYPE", default_value = "f32")]
+    pub kv_dtype: KvDtype,
+    /// Compute threads.
+    #[arg(long, env = "CLEAVE_THREADS", default_value_t = 1)]
+    pub threads: usize,
+    /// Async runtime threads (gRPC, HTTP, KV transfers), beside the compute threads.
+    #[arg(long, env = "CLEAVE_RUNTIME_THREADS", default_value_t = crate::DEFAULT_RUNTIME_THREADS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub runtime_threads: usize,
+    /// Tokens per engine step (decodes plus prefill chunks).
+    #[arg(long, env = "CLEAVE_STEP_TOKENS", default_value_t = 256)]
+    pub step_tokens: usize,
+    /// KV transport: ucx when available, else tcp.
+    #[arg(long, env = "CLEAVE_TRANSPORT", default_value = "auto")]
+    pub transport: KvBackendChoice,
+    /// Where the KV transport listens (peers write KV blocks and confirm transfers through
+    /// it); default: the gRPC address's IP on a free port.
+    #[arg(long, env = "CLEAVE_KV_LISTEN")]
+    pub kv_listen: Option<SocketAddr>,
+    /// The IP peers on other hosts dial to reach this worker's KV transport, needed when it
+    /// listens on every interface (the operator sets the pod IP); default: the host of
+    /// `--advertise-addr` when that is an IP, else this host's address on its default route.
+    #[arg(long, env = "CLEAVE_KV_ADVERTISE")]
+    pub kv_advertise: Option<std::net::IpAddr>,
+    /// Decode role: how long to wait for a prefill worker before giving up on it.
+    #[arg(long, env = "CLEAVE_PREFILL_TIMEOUT", value_parser = parse_duration, default_value = "30s")]
+    pub prefill_timeout: Duration,
+    /// Decode role: when the prefill worker fails, compute the prompt locally (else fail the
+    /// request).
+    #[arg(long, env = "CLEAVE_LOCAL_FALLBACK", default_value_t = true, action = clap::ArgAction::Set)]
+    pub local_fallback: bool,
+    /// Decode role: prefill locally (even when a prefill worker is named) when fewer than this
+    /// many prompt tokens are not already cached here.
+    #[arg(long, env = "CLEAVE_LOCAL_PREFILL_BELOW_TOKENS", default_value_t = 0)]
+    pub local_prefill_below_tokens: usize,
+    /// etcd endpoints (comma-separated) to register this worker in, for routers' etcd
+    /// discovery; unset: no registration.
+    #[arg(long, env = "CLEAVE_ETCD")]
+    pub etcd: Option<String>,
+    /// Key prefix of worker registrations in etcd.
+    #[arg(long, env = "CLEAVE_ETCD_PREFIX", default_value = "/cleave/workers/")]
+    pub etcd_prefix: String,
+    /// The host (or `host:port`) routers dial; default: the bound gRPC address.
+    #[arg(long, env = "CLEAVE_ADVERTISE_ADDR")]
+    pub advertise_addr: Option<String>,
+    /// TTL of the etcd lease: a worker that dies without revoking it disappears after this.
+    #[arg(long, env = "CLEAVE_ETCD_LEASE_TTL", value_parser = parse_duration, default_value = "10s")]
+    pub etcd_lease_ttl: Duration,
+    /// Worker-group membership (tensor-parallel ranks in several processes).
+    #[command(flatten)]
+    pub group: crate::group::GroupArgs,
+}

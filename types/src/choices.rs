@@ -1,0 +1,108 @@
+//! Closed sets a flag picks from whose meaning lives in a heavy crate (the engine's KV memory, the
+//! KV transport, the collectives): defined here so that the binaries' configuration
+//! (`cleave-config`) names them without linking those crates, which re-export them.
+
+use std::str::FromStr;
+
+/// The element type of stored keys and values (`--kv-dtype`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvDtype {
+    /// 4 bytes per element, exact.
+    #[default]
+    F32,
+    /// 2 bytes per element, half the memory (llama.cpp's default).
+    F16,
+}
+
+impl KvDtype {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        }
+    }
+}
+
+impl FromStr for KvDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(KvDtype::F32),
+            "f16" => Ok(KvDtype::F16),
+            other => Err(format!("unknown KV dtype {other:?} (expected f32 or f16)")),
+        }
+    }
+}
+
+/// Which backend the KV transport uses (`--transport`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvBackendChoice {
+    /// UCX when this build and machine have it, else TCP.
+    #[default]
+    Auto,
+    /// UCX or an error.
+    Ucx,
+    /// TCP only.
+    Tcp,
+}
+
+impl FromStr for KvBackendChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(KvBackendChoice::Auto),
+            "ucx" => Ok(KvBackendChoice::Ucx),
+            "tcp" => Ok(KvBackendChoice::Tcp),
+            other => Err(format!(
+                "unknown transport {other:?} (expected auto, ucx or tcp)"
+            )),
+        }
+    }
+}
+
+/// How the ranks of a worker group talk to each other (`--group-transport`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CollectiveTransport {
+    /// One TCP connection per pair of ranks (TCP_NODELAY).
+    #[default]
+    Tcp,
+    /// UCX tag messages (shared memory on one host, RDMA where available), with the TCP mesh
+    /// kept as the control path. Refused in builds without UCX.
+    Ucx,
+}
+
+impl FromStr for CollectiveTransport {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "tcp" => Ok(CollectiveTransport::Tcp),
+            "ucx" => Ok(CollectiveTransport::Ucx),
+            other => Err(format!("unknown transport {other:?} (tcp or ucx)")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn choices_parse_their_flag_values_and_name_the_bad_one() {
+        assert_eq!("f16".parse::<KvDtype>(), Ok(KvDtype::F16));
+        assert_eq!(KvDtype::F16.size(), 2);
+        assert!("bf16".parse::<KvDtype>().unwrap_err().contains("\"bf16\""));
+        assert_eq!("tcp".parse::<KvBackendChoice>(), Ok(KvBackendChoice::Tcp));
+        assert!("rdma"
+            .parse::<KvBackendChoice>()
+            .unwrap_err()
+            .contains("\"rdma\""));
+        assert_eq!(
+            "UCX".parse::<CollectiveTransport>(),
+            Ok(CollectiveTransport::Ucx)
+        );
+        assert!("mpi".parse::<CollectiveTransport>().is_err());
+    }
+}
