@@ -273,6 +273,8 @@ pub fn bench_engine(args: BenchArgs) -> anyhow::Result<()> {
         if stats.running == 0 && stats.waiting == 0 {
             break;
         }
+        // A benchmark waiting for the engine to drain between measurements.
+        #[allow(clippy::disallowed_methods)]
         std::thread::sleep(Duration::from_millis(5));
         stats = engine.stats();
     }

@@ -76,6 +76,8 @@ impl Drop for Up {
             if let Ok(Some(_)) = self.child.try_wait() {
                 return;
             }
+            // Polling a child's exit with a deadline (std has no wait with timeout).
+            #[allow(clippy::disallowed_methods)]
             std::thread::sleep(Duration::from_millis(50));
         }
         let _ = self.child.kill();

@@ -199,6 +199,8 @@ impl fmt::Display for Tally {
 
 /// Where `scripts/llama-vocab` puts llama.cpp's reference files (vocabulary GGUFs, and chat
 /// templates in `templates/`): `$CLEAVE_LLAMA_VOCAB_DIR`, else `~/.cache/cleave/llama-vocab`.
+// Where a script put reference files: a tool's location, not a serving setting.
+#[allow(clippy::disallowed_methods)]
 pub fn llama_vocab_dir() -> std::path::PathBuf {
     match std::env::var_os("CLEAVE_LLAMA_VOCAB_DIR") {
         Some(d) => d.into(),

@@ -93,6 +93,8 @@ impl Drop for Fleet {
                 match c.try_wait() {
                     Ok(Some(_)) => break,
                     Ok(None) if Instant::now() < deadline => {
+                        // Polling a child's exit with a deadline (std has no wait with timeout).
+                        #[allow(clippy::disallowed_methods)]
                         std::thread::sleep(Duration::from_millis(50))
                     }
                     _ => {
@@ -205,6 +207,8 @@ fn wait_ready(url: &str, timeout: Duration) -> anyhow::Result<()> {
         {
             return Ok(());
         }
+        // Polling a child's readiness endpoint until its deadline.
+        #[allow(clippy::disallowed_methods)]
         std::thread::sleep(Duration::from_millis(100));
     }
     bail!("{url} did not report ready within {timeout:?}")

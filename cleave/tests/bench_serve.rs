@@ -1,6 +1,8 @@
 //! `cleave bench serve` against a real `cleave up` (router + one decode worker, the default
 //! model): token timing parsed from the real SSE stream, then a tiny run writing JSON and PNGs.
 
+#![allow(clippy::disallowed_methods)] // tests and benchmarks may read the environment and poll with sleeps
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

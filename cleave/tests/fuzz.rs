@@ -2,6 +2,8 @@
 //! (the campaigns in the README run 10^5-10^6). A failure prints the cases with their numbers;
 //! `cleave fuzz --target T --seed 1 --start N --iterations 1` replays one.
 
+#![allow(clippy::disallowed_methods)] // tests and benchmarks may read the environment and poll with sleeps
+
 use cleave::fuzz::{run_target, Cases, FuzzArgs, Target};
 use cleave_engine::gguf::default_model_path;
 

@@ -5,6 +5,8 @@
 //! namespaces). A prefill group asked to write into a group of another size
 //! refuses with a clear error.
 
+#![allow(clippy::disallowed_methods)] // tests and benchmarks may read the environment and poll with sleeps
+
 mod support;
 
 use std::time::{Duration, Instant};

@@ -1,6 +1,8 @@
 //! Ranks in separate processes: a rank that is killed makes the others fail fast.
 //! The child ranks are this test binary re-executed with `CLEAVE_COLL_CHILD` set.
 
+#![allow(clippy::disallowed_methods)] // tests and benchmarks may read the environment and poll with sleeps
+
 mod common;
 
 use std::process::{Command, Stdio};

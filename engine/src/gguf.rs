@@ -637,6 +637,8 @@ fn check_sizes(tensors: &[TensorInfo]) -> Result<(), GgufError> {
 /// `$CLEAVE_CACHE_DIR/models/SmolLM2-135M-Instruct.Q4_1.gguf` (CLEAVE_CACHE_DIR defaults to
 /// `$XDG_CACHE_HOME/cleave`, then `$HOME/.cache/cleave`).
 pub fn default_model_path() -> PathBuf {
+    // The model/cache locations of tools and tests (the binaries take --model).
+    #[allow(clippy::disallowed_methods)]
     let non_empty = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
     if let Some(p) = non_empty("CLEAVE_MODEL") {
         return PathBuf::from(p);

@@ -9,6 +9,8 @@
 //! ```
 //! (default: `SmolLM2-135M-Instruct.Q4_K_M.gguf` next to the default model).
 
+#![allow(clippy::disallowed_methods)] // tests and benchmarks may read the environment and poll with sleeps
+
 mod tiny;
 
 use std::path::PathBuf;

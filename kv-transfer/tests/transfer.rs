@@ -2,6 +2,8 @@
 //! patterned block runs land at the right offsets, reads come back, bounds and unknown regions
 //! are errors, cancellation works, a vanished peer fails fast and a restarted one is reachable.
 
+#![allow(clippy::disallowed_methods)] // tests and benchmarks may read the environment and poll with sleeps
+
 use anyhow::{ensure, Context, Result};
 use cleave_kv_transfer::{
     default_transport, ucx_or_skip, Backend, BackendChoice, Error, RegionHandle, Transport,

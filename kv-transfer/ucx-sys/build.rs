@@ -3,6 +3,8 @@
 //! empty and tells dependents through the `links` metadata `DEP_UCP_HAVE_UCX=0`, so they can
 //! fall back to another transport. Set `CLEAVE_NO_UCX=1` to force the empty build.
 
+#![allow(clippy::disallowed_methods)] // a build script reads Cargo's and the system's environment
+
 use std::env;
 use std::path::PathBuf;
 

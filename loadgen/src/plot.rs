@@ -24,6 +24,8 @@ static FONT: OnceLock<Result<(), String>> = OnceLock::new();
 /// # Errors
 /// When no font file is found or it does not parse (install fonts-dejavu-core or set
 /// `CLEAVE_FONT` to a .ttf file).
+// CLEAVE_FONT names a font file for the charts: a tool's location, not a serving setting.
+#[allow(clippy::disallowed_methods)]
 pub fn ensure_font() -> anyhow::Result<()> {
     FONT.get_or_init(|| {
         let mut candidates: Vec<PathBuf> = std::env::var_os("CLEAVE_FONT").map(PathBuf::from).into_iter().collect();

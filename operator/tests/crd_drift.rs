@@ -2,6 +2,8 @@
 //! `CLEAVE_UPDATE_CRDS=1 cargo test -p cleave-operator --test crd_drift` (or
 //! `cleave-operator crd > crds/inferenceservices.serving.cleave.dev.yaml`).
 
+#![allow(clippy::disallowed_methods)] // tests and benchmarks may read the environment and poll with sleeps
+
 use std::path::PathBuf;
 
 fn crd_file() -> PathBuf {

@@ -2,6 +2,8 @@
 //! a request span continuing a client `traceparent`, and a next-hop span continuing the
 //! first one's. One test per file: `init` installs the process's global subscriber.
 
+#![allow(clippy::disallowed_methods)] // tests and benchmarks may read the environment and poll with sleeps
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 

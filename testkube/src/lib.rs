@@ -13,6 +13,9 @@
 //! # }
 //! ```
 
+// A test helper: it reads the test environment (KUBECONFIG, CLEAVE_REQUIRE_CLUSTER).
+#![allow(clippy::disallowed_methods)]
+
 pub mod upstream;
 
 use std::sync::atomic::{AtomicU32, Ordering};

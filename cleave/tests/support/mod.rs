@@ -1,6 +1,7 @@
 //! Helpers of the worker-group tests: worker processes (each rank its own `cleave worker --role decode`),
 //! and network namespaces joined by veth pairs to a bridge (separate "hosts" on one machine).
 
+#![allow(clippy::disallowed_methods)] // tests and benchmarks may read the environment and poll with sleeps
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};

@@ -340,6 +340,7 @@ fn nested_arrays_limited() {
 #[test]
 fn default_path_ends_with_model_name() {
     let p = default_model_path();
+    #[allow(clippy::disallowed_methods)] // a test reads the test environment
     if std::env::var_os("CLEAVE_MODEL").is_none() {
         assert!(p.ends_with("models/SmolLM2-135M-Instruct.Q4_1.gguf"));
     }

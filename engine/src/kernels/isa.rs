@@ -74,6 +74,8 @@ pub(super) fn isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| {
         let avail = Isa::available();
+        // A process-wide override read once, before any flag parser exists (tests set it per process).
+        #[allow(clippy::disallowed_methods)]
         let cap = std::env::var("CLEAVE_SIMD").ok();
         let pick = avail
             .iter()

@@ -1,6 +1,8 @@
 //! Where `scripts/llama-vocab` puts llama.cpp's reference files (vocab test GGUFs, and the chat
 //! templates in `templates/`): `$CLEAVE_LLAMA_VOCAB_DIR`, else `~/.cache/cleave/llama-vocab`.
 
+#![allow(clippy::disallowed_methods)] // tests and benchmarks may read the environment and poll with sleeps
+
 use std::path::{Path, PathBuf};
 
 #[allow(dead_code)] // not every test binary that includes this module reads the folder

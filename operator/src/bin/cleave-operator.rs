@@ -76,6 +76,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let http = tokio::spawn(metrics::serve(args.http_addr, registry));
 
     let identity = args.identity.unwrap_or_else(|| {
+        // The pod's hostname (its name) as the default leader-election identity.
+        #[allow(clippy::disallowed_methods)]
         let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "operator".into());
         format!("{host}-{}", std::process::id())
     });

@@ -73,6 +73,8 @@ impl Ctx {
     pub fn new(client: Client, settings: Settings, metrics: OperatorMetrics) -> Self {
         let reporter = Reporter {
             controller: MANAGER.into(),
+            // The downward API's pod name, when the chart sets it, names the event reporter.
+            #[allow(clippy::disallowed_methods)]
             instance: std::env::var("POD_NAME").ok(),
         };
         Self {

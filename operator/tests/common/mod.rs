@@ -1,4 +1,6 @@
 //! Shared by the operator's integration tests.
+
+#![allow(clippy::disallowed_methods)] // tests and benchmarks may read the environment and poll with sleeps
 #![allow(dead_code)]
 
 use std::future::Future;
