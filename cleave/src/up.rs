@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
+use cleave_router::place::PolicyKind;
+use cleave_types::choices::{CollectiveTransport, KvBackendChoice};
 
 /// Flags of `cleave up`.
 #[derive(Debug, Args)]
@@ -22,13 +24,12 @@ pub struct UpArgs {
     /// The router's port (OpenAI API at http://127.0.0.1:PORT/v1).
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// KV transport between workers: auto (UCX when available), ucx or tcp.
-    #[arg(long, default_value = "auto")]
-    pub transport: String,
-    /// Placement policy: prefix-optimistic (the router's default), prefix-load, round-robin,
-    /// least-load or random.
-    #[arg(long, default_value = "prefix-optimistic")]
-    pub policy: String,
+    /// KV transport between workers (auto: UCX when available).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub transport: KvBackendChoice,
+    /// Placement policy (the router's).
+    #[arg(long, value_enum, default_value = "prefix-optimistic")]
+    pub policy: PolicyKind,
     /// Disaggregate only when at least this many prompt blocks (16 tokens each) are uncached
     /// on the decode worker.
     #[arg(long, default_value_t = 1)]
@@ -52,9 +53,9 @@ pub struct UpArgs {
     /// tensor-parallel over the same ranks, so `--tp`, if given, must be equal).
     #[arg(long)]
     pub ep: Option<usize>,
-    /// Transport of the collectives inside each group: tcp or ucx.
-    #[arg(long, default_value = "tcp")]
-    pub group_transport: String,
+    /// Transport of the collectives inside each group.
+    #[arg(long, value_enum, default_value = "tcp")]
+    pub group_transport: CollectiveTransport,
     /// Serve the API over HTTPS with this PEM certificate chain (with `--tls-key`; passed to
     /// the router, docs/security.md). Default: plain HTTP on loopback.
     #[arg(long)]
@@ -235,7 +236,7 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
             "--threads",
             &args.threads.to_string(),
             "--transport",
-            &args.transport,
+            args.transport.as_str(),
         ]
         .iter()
         .map(|s| s.to_string())
@@ -253,7 +254,7 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         "--listen",
         &format!("127.0.0.1:{}", args.port),
         "--policy",
-        &args.policy,
+        args.policy.name(),
         "--disagg-min-uncached-blocks",
         &args.disagg_min_uncached_blocks.to_string(),
     ]
@@ -281,7 +282,10 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
                     argvs: group_argvs(
                         [
                             worker(role),
-                            vec!["--group-transport".into(), args.group_transport.clone()],
+                            vec![
+                                "--group-transport".into(),
+                                args.group_transport.as_str().into(),
+                            ],
                         ]
                         .concat(),
                         group_size,

@@ -55,6 +55,7 @@ pub struct GroupArgs {
     #[arg(
         long = "group-transport",
         env = "CLEAVE_GROUP_TRANSPORT",
+        value_enum,
         default_value = "tcp"
     )]
     pub collective_transport: CollectiveTransport,

@@ -37,7 +37,7 @@ pub struct WorkerConfig {
     #[arg(long, env = "CLEAVE_KV_BLOCKS", default_value_t = 512)]
     pub kv_blocks: usize,
     /// KV element type.
-    #[arg(long, env = "CLEAVE_KV_DTYPE", default_value = "f32")]
+    #[arg(long, env = "CLEAVE_KV_DTYPE", value_enum, default_value = "f32")]
     pub kv_dtype: KvDtype,
     /// Compute threads.
     #[arg(long, env = "CLEAVE_THREADS", default_value_t = 1)]
@@ -50,7 +50,7 @@ pub struct WorkerConfig {
     #[arg(long, env = "CLEAVE_STEP_TOKENS", default_value_t = 256)]
     pub step_tokens: usize,
     /// KV transport: ucx when available, else tcp.
-    #[arg(long, env = "CLEAVE_TRANSPORT", default_value = "auto")]
+    #[arg(long, env = "CLEAVE_TRANSPORT", value_enum, default_value = "auto")]
     pub transport: KvBackendChoice,
     /// Where the KV transport listens (peers write KV blocks and confirm transfers through
     /// it); default: the gRPC address's IP on a free port.

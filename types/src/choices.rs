@@ -6,6 +6,7 @@ use std::str::FromStr;
 
 /// The element type of stored keys and values (`--kv-dtype`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum KvDtype {
     /// 4 bytes per element, exact.
@@ -16,6 +17,14 @@ pub enum KvDtype {
 }
 
 impl KvDtype {
+    /// The flag value (`f32`, `f16`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+        }
+    }
+
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
@@ -38,6 +47,7 @@ impl FromStr for KvDtype {
 
 /// Which backend the KV transport uses (`--transport`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 #[serde(rename_all = "lowercase")]
 pub enum KvBackendChoice {
     /// UCX when this build and machine have it, else TCP.
@@ -47,6 +57,17 @@ pub enum KvBackendChoice {
     Ucx,
     /// TCP only.
     Tcp,
+}
+
+impl KvBackendChoice {
+    /// The flag value (`auto`, `ucx`, `tcp`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvBackendChoice::Auto => "auto",
+            KvBackendChoice::Ucx => "ucx",
+            KvBackendChoice::Tcp => "tcp",
+        }
+    }
 }
 
 impl FromStr for KvBackendChoice {
@@ -65,6 +86,7 @@ impl FromStr for KvBackendChoice {
 
 /// How the ranks of a worker group talk to each other (`--group-transport`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum CollectiveTransport {
     /// One TCP connection per pair of ranks (TCP_NODELAY).
     #[default]
@@ -72,6 +94,16 @@ pub enum CollectiveTransport {
     /// UCX tag messages (shared memory on one host, RDMA where available), with the TCP mesh
     /// kept as the control path. Refused in builds without UCX.
     Ucx,
+}
+
+impl CollectiveTransport {
+    /// The flag value (`tcp`, `ucx`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CollectiveTransport::Tcp => "tcp",
+            CollectiveTransport::Ucx => "ucx",
+        }
+    }
 }
 
 impl FromStr for CollectiveTransport {
@@ -104,5 +136,18 @@ mod tests {
             Ok(CollectiveTransport::Ucx)
         );
         assert!("mpi".parse::<CollectiveTransport>().is_err());
+        for v in [KvDtype::F32, KvDtype::F16] {
+            assert_eq!(v.as_str().parse::<KvDtype>(), Ok(v));
+        }
+        for v in [
+            KvBackendChoice::Auto,
+            KvBackendChoice::Ucx,
+            KvBackendChoice::Tcp,
+        ] {
+            assert_eq!(v.as_str().parse::<KvBackendChoice>(), Ok(v));
+        }
+        for v in [CollectiveTransport::Tcp, CollectiveTransport::Ucx] {
+            assert_eq!(v.as_str().parse::<CollectiveTransport>(), Ok(v));
+        }
     }
 }
