@@ -457,6 +457,7 @@ pub fn ttft_breakdown(
             threads: 1,
             runtime_threads: 2,
             step_tokens: 256,
+            prefill_tokens_while_decoding: 0,
             transport: Default::default(),
             kv_listen: None,
             kv_advertise: None,

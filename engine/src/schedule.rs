@@ -41,6 +41,11 @@ pub struct SchedulerConfig {
     pub max_running: usize,
     /// Most tokens computed in one step (decodes + prefill chunks).
     pub step_tokens: usize,
+    /// Most prompt tokens computed in a step that also decodes (0: no cap beyond
+    /// `step_tokens`). A step's time grows with its prefill tokens, and every running stream
+    /// waits for the step, so this bounds the inter-token latency a new prompt adds to the
+    /// running batch, at the cost of that prompt's time to first token under load.
+    pub prefill_tokens_while_decoding: usize,
     /// Reuse cached prefix blocks.
     pub prefix_caching: bool,
     /// Model/adapter salt mixed into block hashes.
@@ -53,6 +58,7 @@ impl Default for SchedulerConfig {
             block_size: crate::kv::DEFAULT_BLOCK_SIZE,
             max_running: 64,
             step_tokens: 256,
+            prefill_tokens_while_decoding: 0,
             prefix_caching: true,
             salt: 0,
         }
@@ -90,6 +96,14 @@ pub struct Sequence {
 }
 
 impl Sequence {
+    /// Whether its next step is one decode token (its prompt and every generated token but the
+    /// last are computed), rather than a prompt chunk or a recomputation.
+    fn decoding(&self) -> bool {
+        self.mode != PrefillMode::Export
+            && self.computed >= self.prompt_len
+            && self.tokens.len() - self.computed == 1
+    }
+
     /// A new sequence for `prompt`.
     pub fn new(
         id: SeqId,
@@ -314,6 +328,13 @@ impl Scheduler {
     /// Plans the next step.
     pub fn schedule(&mut self) -> Vec<Planned> {
         let mut budget = self.config.step_tokens;
+        // Prompt tokens this step may still take: capped when some sequence decodes in it.
+        let cap = self.config.prefill_tokens_while_decoding;
+        let mut prefill_left = if cap > 0 && self.running.iter().any(Sequence::decoding) {
+            cap
+        } else {
+            usize::MAX
+        };
         let mut plan: Vec<Planned> = Vec::new();
         let preemptions_before = self.counters.preemptions;
         // Running sequences, oldest first; a sequence that cannot get a block preempts newer ones.
@@ -321,7 +342,15 @@ impl Scheduler {
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let (computed, total) = (self.running[i].computed, self.running[i].tokens.len());
-            let len = (total - computed).min(budget);
+            let prefilling = !self.running[i].decoding();
+            if prefilling && prefill_left == 0 {
+                i += 1;
+                continue;
+            }
+            let mut len = (total - computed).min(budget);
+            if prefilling {
+                len = len.min(prefill_left);
+            }
             let mut got = self.grow(i, computed + len);
             while !got {
                 match self.preempt_newest(i) {
@@ -346,13 +375,20 @@ impl Scheduler {
                 sample: computed + len == total,
             });
             budget -= len;
+            if prefilling {
+                prefill_left -= len;
+            }
             i += 1;
         }
         // (Victims are always newer than the sequence that needed blocks, so they sit later in
         // `running` and the indices already planned stay valid.)
         // After a preemption the pool is short: admitting now would only thrash.
         let preempted = self.counters.preemptions != preemptions_before;
-        while !preempted && budget > 0 && self.running.len() < self.config.max_running {
+        while !preempted
+            && budget > 0
+            && prefill_left > 0
+            && self.running.len() < self.config.max_running
+        {
             let Some(mut s) = self.waiting.pop_front() else {
                 break;
             };
@@ -377,7 +413,7 @@ impl Scheduler {
                 }
             }
             let (computed, total) = (s.computed, s.tokens.len());
-            let len = (total - computed).min(budget);
+            let len = (total - computed).min(budget).min(prefill_left);
             self.running.push(s);
             let idx = self.running.len() - 1;
             let ok = self.grow(idx, computed + len);
@@ -397,6 +433,7 @@ impl Scheduler {
                 sample: computed + len == total,
             });
             budget -= len;
+            prefill_left = prefill_left.saturating_sub(len);
             if !ok {
                 break;
             }
@@ -507,6 +544,39 @@ mod tests {
         assert_eq!((p[1].start, p[1].len, p[1].sample), (0, 31, false));
         let p = run_step(&mut s);
         assert_eq!((p[1].start, p[1].len), (31, 31));
+        s.pool.check_invariants();
+    }
+
+    #[test]
+    fn prompt_tokens_are_capped_only_in_steps_that_decode() {
+        let cfg = SchedulerConfig {
+            step_tokens: 64,
+            prefill_tokens_while_decoding: 8,
+            ..Default::default()
+        };
+        let mut s = Scheduler::new(cfg, 64);
+        // Nothing decodes yet: the first prompt takes the whole budget.
+        s.add(seq(1, 100, 0));
+        let p = run_step(&mut s);
+        assert_eq!((p[0].start, p[0].len), (0, 64));
+        // Two prompts, one mid-prefill: still no decode, so no cap.
+        s.add(seq(2, 30, 1));
+        let p = run_step(&mut s);
+        assert_eq!(p.iter().map(|p| p.len).collect::<Vec<_>>(), vec![36, 28]);
+        let p = run_step(&mut s);
+        assert_eq!(p.iter().map(|p| p.len).collect::<Vec<_>>(), vec![1, 2]);
+        assert!(p[1].sample, "seq 2's prompt is done");
+        // Both decode now; a new prompt gets 8 tokens a step beside them, as would a
+        // recomputation.
+        s.add(seq(3, 20, 2));
+        for start in [0, 8] {
+            let p = run_step(&mut s);
+            let lens: Vec<_> = p.iter().map(|p| p.len).collect();
+            assert_eq!(lens, vec![1, 1, 8], "at {start}");
+            assert_eq!(p[2].start, start);
+        }
+        let p = run_step(&mut s);
+        assert_eq!((p[2].start, p[2].len, p[2].sample), (16, 4, true));
         s.pool.check_invariants();
     }
 

@@ -171,6 +171,7 @@ async fn router_discovers_and_drops_an_etcd_registered_worker() {
             threads: 1,
             runtime_threads: 2,
             step_tokens: 32,
+            prefill_tokens_while_decoding: 0,
             transport: Default::default(),
             kv_listen: None,
             kv_advertise: None,

@@ -27,6 +27,7 @@ fn config(transport: BackendChoice) -> WorkerConfig {
         threads: 1,
         runtime_threads: 2,
         step_tokens: 32,
+        prefill_tokens_while_decoding: 0,
         transport,
         kv_listen: None,
         kv_advertise: None,

@@ -377,6 +377,7 @@ fn config(model: PathBuf) -> WorkerConfig {
         threads: 1,
         runtime_threads: 1,
         step_tokens: 64,
+        prefill_tokens_while_decoding: 0,
         transport: BackendChoice::Tcp,
         kv_listen: None,
         kv_advertise: None,
