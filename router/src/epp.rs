@@ -121,7 +121,15 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
     tracing::info!(%addr, policy = ?config.policy, members = pool.destinations().len(), "endpoint picker listening");
     let service =
         ExternalProcessorServer::new(process::EndpointPicker::new(picker, epp.max_body_bytes));
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // Nagle off: picks are small messages Envoy waits for.
+    let incoming = {
+        use tokio_stream::StreamExt;
+        tokio_stream::wrappers::TcpListenerStream::new(listener).map(|s| {
+            s.inspect(|t| {
+                let _ = t.set_nodelay(true);
+            })
+        })
+    };
     let task = tokio::spawn(async move {
         tonic::transport::Server::builder()
             .add_service(health)

@@ -159,6 +159,11 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
             Ok(())
         }),
         None => tokio::spawn(async move {
+            // Nagle off: streamed tokens are small writes, and one held back until the client's
+            // delayed ACK (40 ms on Linux) is a stall in its stream.
+            let listener = axum::serve::ListenerExt::tap_io(listener, |t| {
+                let _ = t.set_nodelay(true);
+            });
             axum::serve(listener, app)
                 .with_graceful_shutdown(shutdown.cancelled_owned())
                 .await?;

@@ -260,6 +260,8 @@ pub async fn serve(
                 }
             },
         };
+        // Nagle off, as on the plain listener: streamed tokens are small writes.
+        let _ = tcp.set_nodelay(true);
         let acceptor = tls.acceptor();
         let service = TowerToHyperService::new(app.clone());
         let builder = builder.clone();

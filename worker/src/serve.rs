@@ -154,6 +154,7 @@ pub async fn run(
         max_model_len: None,
         scheduler: SchedulerConfig {
             step_tokens: config.step_tokens,
+            prefill_tokens_while_decoding: config.prefill_tokens_while_decoding,
             ..Default::default()
         },
     };
@@ -203,7 +204,7 @@ pub async fn run(
     let stop = serving.clone();
     let grpc_task = tokio::spawn(async move {
         grpc_server
-            .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), stop.cancelled_owned())
+            .serve_with_incoming_shutdown(no_delay(grpc), stop.cancelled_owned())
             .await
     });
     let app = axum::Router::new()
@@ -312,4 +313,18 @@ async fn metrics_text(
         )],
         out,
     )
+}
+
+/// The accepted connections of `listener` with Nagle's algorithm off: token events are small
+/// writes, and a write held back until the router's delayed ACK (40 ms on Linux) is a stall in
+/// the client's stream.
+fn no_delay(
+    listener: TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    TcpListenerStream::new(listener).map(|s| {
+        s.inspect(|t| {
+            let _ = t.set_nodelay(true);
+        })
+    })
 }
