@@ -255,6 +255,19 @@ pub fn split_endpoints(s: &str) -> Vec<String> {
 }
 
 impl RouterConfig {
+    /// Parses `args` (flags only, no program name) as `cleave-router` would, with the
+    /// `CLEAVE_*` variables of this process filling the flags not given.
+    pub fn from_flags<I, T>(args: I) -> Result<RouterConfig, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        use clap::FromArgMatches;
+        let cmd = <RouterConfig as Args>::augment_args(clap::Command::new("cleave-router"))
+            .no_binary_name(true);
+        RouterConfig::from_arg_matches(&cmd.try_get_matches_from(args)?)
+    }
+
     /// The etcd endpoints, empty when etcd discovery is off.
     pub fn etcd_endpoints(&self) -> Vec<String> {
         self.etcd
@@ -342,20 +355,10 @@ impl RouterConfig {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
-
     use super::*;
 
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        config: RouterConfig,
-    }
-
     fn parse(args: &[&str]) -> RouterConfig {
-        Cli::try_parse_from([&["router", "--model", "m.gguf"], args].concat())
-            .expect("flags parse")
-            .config
+        RouterConfig::from_flags([&["--model", "m.gguf"], args].concat()).expect("flags parse")
     }
 
     #[test]
@@ -390,7 +393,7 @@ mod tests {
             .validate()
             .unwrap_err()
             .contains("--discovery kubernetes"));
-        assert!(Cli::try_parse_from(["router", "--model", "m", "--discovery", "consul"]).is_err());
+        assert!(RouterConfig::from_flags(["--model", "m", "--discovery", "consul"]).is_err());
     }
 
     #[test]

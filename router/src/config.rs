@@ -29,24 +29,13 @@ pub fn validate(config: &RouterConfig) -> Result<(), String> {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
-
     use super::*;
-
-    #[derive(Parser)]
-    struct Cli {
-        #[command(flatten)]
-        config: RouterConfig,
-    }
-
-    fn parse(args: &[&str]) -> RouterConfig {
-        Cli::try_parse_from([&["router", "--model", "m.gguf"], args].concat())
-            .expect("flags parse")
-            .config
-    }
 
     #[test]
     fn kv_events_pods_are_parsed_with_the_port_defaults() {
+        let parse = |args: &[&str]| {
+            RouterConfig::from_flags([&["--model", "m.gguf"], args].concat()).expect("flags parse")
+        };
         let pool = parse(&[
             "--kv-events",
             "vllm",

@@ -386,12 +386,9 @@ mod tests {
         assert_eq!(pod.service_account_name.as_deref(), Some("chat-router"));
         assert_eq!(pod.automount_service_account_token, Some(true));
         // The sidecar's flags parse as the router's own.
-        let mut argv = vec!["cleave-router".to_string(), "--model".into(), "m".into()];
+        let mut argv = vec!["--model".to_string(), "m".into()];
         argv.extend(args);
-        let cmd = <cleave_config::router::RouterConfig as clap::Args>::augment_args(
-            clap::Command::new("cleave-router"),
-        );
-        cmd.try_get_matches_from(argv).expect("router flags");
+        cleave_config::router::RouterConfig::from_flags(argv).expect("router flags");
     }
 
     #[test]
