@@ -52,8 +52,8 @@ pub struct WorkerConfig {
     /// Most prompt tokens in a step that also decodes (0: only `--step-tokens` limits them).
     /// Every running stream waits for each step, so this bounds the inter-token latency a new
     /// prompt adds to them, at the cost of that prompt's time to first token under load
-    /// (README: at 16 concurrent streams on one CPU thread, 16 keeps ITL p99 within 1.2× p50
-    /// where 0 lets it reach 12×, for 9% less throughput).
+    /// (README: at 16 concurrent streams on one CPU thread, 16 kept ITL p99 at 1.1× p50 where
+    /// 0 let it reach 11.7×, for 8% less throughput).
     #[arg(
         long,
         env = "CLEAVE_PREFILL_TOKENS_WHILE_DECODING",

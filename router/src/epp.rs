@@ -20,7 +20,6 @@ pub mod process;
 pub mod protocol;
 pub mod scrape;
 
-use crate::place::BuildPolicy;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -31,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::RouterConfig;
 use crate::dispatch::Cluster;
-use crate::place::PlaceConfig;
+use crate::place::{BuildPolicy, PlaceConfig};
 use pick::{PickConfig, Picker, Text};
 use pool::{Backend, Member, Pool};
 use scrape::{PromptBlocks, ScrapeConfig};
@@ -122,14 +121,8 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
     let service =
         ExternalProcessorServer::new(process::EndpointPicker::new(picker, epp.max_body_bytes));
     // Nagle off: picks are small messages Envoy waits for.
-    let incoming = {
-        use tokio_stream::StreamExt;
-        tokio_stream::wrappers::TcpListenerStream::new(listener).map(|s| {
-            s.inspect(|t| {
-                let _ = t.set_nodelay(true);
-            })
-        })
-    };
+    let incoming = tonic::transport::server::TcpIncoming::from_listener(listener, true, None)
+        .map_err(|e| anyhow::anyhow!(e))?;
     let task = tokio::spawn(async move {
         tonic::transport::Server::builder()
             .add_service(health)

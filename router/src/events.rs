@@ -20,7 +20,6 @@ pub mod pool;
 pub mod subscribe;
 pub mod wire;
 
-use crate::place::BuildPolicy;
 pub use chain::{ChainConfig, PodChains};
 pub use feed::{FeedStats, PodFeed, SeqStep};
 pub use pool::{PodDefaults, PodSpec, Pool};
@@ -28,6 +27,8 @@ pub use subscribe::Source;
 pub use wire::{Batch, BlockStored, EngineEvent, EngineHash, WireError};
 
 pub use cleave_config::router::KvEventsKind;
+
+use crate::place::BuildPolicy;
 
 /// Starts the `--kv-events` backend: the configured pods, followed until `shutdown`, placed by
 /// the configured policy (never disaggregated: engines prefill what they decode).

@@ -5,7 +5,6 @@
 //! by one reload task; either takes effect only when a file's contents changed and load
 //! (docs/security.md).
 
-use crate::place::BuildPolicy;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +23,7 @@ use crate::discovery::kube::Kube;
 use crate::discovery::{Discovery, Static};
 use crate::dispatch::{Cluster, Dispatcher};
 use crate::keys::{KeyMetrics, Keys};
-use crate::place::{PlaceConfig, Role};
+use crate::place::{BuildPolicy, PlaceConfig, Role};
 use crate::tls::TlsReloader;
 
 /// A started router.

@@ -33,7 +33,6 @@ pub mod report;
 pub mod tenants;
 pub mod trace;
 
-use crate::place::BuildPolicy;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
 use std::time::{Duration, Instant};
@@ -41,8 +40,8 @@ use std::time::{Duration, Instant};
 use cleave_kv_index::{KvEvent, KvEventRecord, Matches, PrefixIndex, WorkerId};
 
 use crate::place::{
-    Charge, InFlight, PlaceConfig, PlaceError, PlacementRequest, PolicyKind, Role, Ticket,
-    WorkerView,
+    BuildPolicy, Charge, InFlight, PlaceConfig, PlaceError, PlacementRequest, PolicyKind, Role,
+    Ticket, WorkerView,
 };
 pub use engine::TimeModel;
 use engine::{Prefill, SimWorker};

@@ -4,7 +4,6 @@
 //! prefix index; then placements on a pool of fake engine pods (HTTP servers that answer
 //! `/health` and stream `/v1/completions`) by `prefix-load`.
 
-use cleave_router::place::BuildPolicy;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -18,7 +17,7 @@ use cleave_router::dispatch::Cluster;
 use cleave_router::events::{
     subscribe, ChainConfig, FeedStats, PodDefaults, PodSpec, Pool, Source,
 };
-use cleave_router::place::{PlaceConfig, PolicyKind, Role};
+use cleave_router::place::{BuildPolicy, PlaceConfig, PolicyKind, Role};
 use rmpv::Value;
 use tokio::sync::watch;
 use tokio_stream::StreamExt;

@@ -4,7 +4,6 @@
 //! one; every request still gets the healthy worker's tokens. A worker's `INVALID_ARGUMENT`
 //! stays the client's error (not retried elsewhere).
 
-use cleave_router::place::BuildPolicy;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -15,7 +14,7 @@ use cleave_proto::v1 as pb;
 use cleave_proto::v1::decode_worker_server::{DecodeWorker, DecodeWorkerServer};
 use cleave_router::api::backend::{Backend, BackendError, BackendEvent, BackendRequest};
 use cleave_router::dispatch::{Cluster, Dispatcher};
-use cleave_router::place::{PlaceConfig, PolicyKind, Role};
+use cleave_router::place::{BuildPolicy, PlaceConfig, PolicyKind, Role};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 

@@ -17,6 +17,9 @@ pub enum KvDtype {
 }
 
 impl KvDtype {
+    /// Every value.
+    pub const ALL: [KvDtype; 2] = [KvDtype::F32, KvDtype::F16];
+
     /// The flag value (`f32`, `f16`).
     pub fn as_str(self) -> &'static str {
         match self {
@@ -37,11 +40,8 @@ impl KvDtype {
 impl FromStr for KvDtype {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "f32" => Ok(KvDtype::F32),
-            "f16" => Ok(KvDtype::F16),
-            other => Err(format!("unknown KV dtype {other:?} (expected f32 or f16)")),
-        }
+        lookup(&KvDtype::ALL, KvDtype::as_str, s)
+            .ok_or_else(|| format!("unknown KV dtype {s:?} (expected f32 or f16)"))
     }
 }
 
@@ -60,6 +60,13 @@ pub enum KvBackendChoice {
 }
 
 impl KvBackendChoice {
+    /// Every value.
+    pub const ALL: [KvBackendChoice; 3] = [
+        KvBackendChoice::Auto,
+        KvBackendChoice::Ucx,
+        KvBackendChoice::Tcp,
+    ];
+
     /// The flag value (`auto`, `ucx`, `tcp`).
     pub fn as_str(self) -> &'static str {
         match self {
@@ -73,14 +80,8 @@ impl KvBackendChoice {
 impl FromStr for KvBackendChoice {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(KvBackendChoice::Auto),
-            "ucx" => Ok(KvBackendChoice::Ucx),
-            "tcp" => Ok(KvBackendChoice::Tcp),
-            other => Err(format!(
-                "unknown transport {other:?} (expected auto, ucx or tcp)"
-            )),
-        }
+        lookup(&KvBackendChoice::ALL, KvBackendChoice::as_str, s)
+            .ok_or_else(|| format!("unknown transport {s:?} (expected auto, ucx or tcp)"))
     }
 }
 
@@ -97,6 +98,9 @@ pub enum CollectiveTransport {
 }
 
 impl CollectiveTransport {
+    /// Every value.
+    pub const ALL: [CollectiveTransport; 2] = [CollectiveTransport::Tcp, CollectiveTransport::Ucx];
+
     /// The flag value (`tcp`, `ucx`).
     pub fn as_str(self) -> &'static str {
         match self {
@@ -109,12 +113,23 @@ impl CollectiveTransport {
 impl FromStr for CollectiveTransport {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s.to_ascii_lowercase().as_str() {
-            "tcp" => Ok(CollectiveTransport::Tcp),
-            "ucx" => Ok(CollectiveTransport::Ucx),
-            other => Err(format!("unknown transport {other:?} (tcp or ucx)")),
-        }
+        lookup(
+            &CollectiveTransport::ALL,
+            CollectiveTransport::as_str,
+            &s.to_ascii_lowercase(),
+        )
+        .ok_or_else(|| {
+            format!(
+                "unknown transport {:?} (tcp or ucx)",
+                s.to_ascii_lowercase()
+            )
+        })
     }
+}
+
+/// The value of `all` whose flag name is `s`.
+fn lookup<T: Copy>(all: &[T], name: fn(T) -> &'static str, s: &str) -> Option<T> {
+    all.iter().copied().find(|&v| name(v) == s)
 }
 
 #[cfg(test)]
@@ -136,7 +151,7 @@ mod tests {
             Ok(CollectiveTransport::Ucx)
         );
         assert!("mpi".parse::<CollectiveTransport>().is_err());
-        for v in [KvDtype::F32, KvDtype::F16] {
+        for v in KvDtype::ALL {
             assert_eq!(v.as_str().parse::<KvDtype>(), Ok(v));
         }
         for v in [
@@ -146,7 +161,7 @@ mod tests {
         ] {
             assert_eq!(v.as_str().parse::<KvBackendChoice>(), Ok(v));
         }
-        for v in [CollectiveTransport::Tcp, CollectiveTransport::Ucx] {
+        for v in CollectiveTransport::ALL {
             assert_eq!(v.as_str().parse::<CollectiveTransport>(), Ok(v));
         }
     }

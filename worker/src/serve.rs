@@ -16,7 +16,6 @@ use cleave_engine::schedule::SchedulerConfig;
 use cleave_kv_transfer::{default_transport, RegionHandle, Transport};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::service::Routes;
 
@@ -199,12 +198,16 @@ pub async fn run(
         .context("binding the HTTP address")?;
     let (grpc_addr, http_addr) = (grpc.local_addr()?, http.local_addr()?);
 
+    // Nagle off: token events are small writes, and one held back until the router's delayed
+    // ACK (40 ms on Linux) is a stall in the client's stream.
+    let grpc = tonic::transport::server::TcpIncoming::from_listener(grpc, true, None)
+        .map_err(|e| anyhow::anyhow!(e))?;
     let grpc_server =
         tonic::transport::Server::builder().add_routes((service.routes)(state.clone()));
     let stop = serving.clone();
     let grpc_task = tokio::spawn(async move {
         grpc_server
-            .serve_with_incoming_shutdown(no_delay(grpc), stop.cancelled_owned())
+            .serve_with_incoming_shutdown(grpc, stop.cancelled_owned())
             .await
     });
     let app = axum::Router::new()
@@ -313,18 +316,4 @@ async fn metrics_text(
         )],
         out,
     )
-}
-
-/// The accepted connections of `listener` with Nagle's algorithm off: token events are small
-/// writes, and a write held back until the router's delayed ACK (40 ms on Linux) is a stall in
-/// the client's stream.
-fn no_delay(
-    listener: TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    use tokio_stream::StreamExt;
-    TcpListenerStream::new(listener).map(|s| {
-        s.inspect(|t| {
-            let _ = t.set_nodelay(true);
-        })
-    })
 }

@@ -1,11 +1,10 @@
 //! The live placement path (`Dispatcher::place` → `Cluster::prepare` / `Cluster::reserve`) with
 //! and without the in-flight overlay, no worker process needed (placement opens no connection).
 
-use crate::place::BuildPolicy;
 use cleave_kv_index::{KvEvent, KvEventRecord};
 
 use super::*;
-use crate::place::PlaceConfig;
+use crate::place::{BuildPolicy, PlaceConfig};
 
 /// A cluster of `n` healthy `both` workers placing with `policy` (never disaggregating, so the
 /// decode worker is the one that prefills).
