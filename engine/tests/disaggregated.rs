@@ -223,3 +223,51 @@ async fn a_first_token_outside_the_grammar_aborts_only_its_request() {
     let s = settle(&d).await;
     assert_eq!(s.pool.used, 0, "{:?}", s.pool);
 }
+
+/// More imports than the pool holds at once: the ones that do not fit wait until parked
+/// sequences give their blocks back, instead of ending at once with no token (a decode worker
+/// under a burst of disaggregated requests used to answer them `length` with empty text).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn imports_beyond_the_pool_wait_for_parked_blocks() {
+    let tok = &common::loaded().tokenizer;
+    let prompt = tok.encode(
+        &"a few words to fill three blocks of sixteen tokens ".repeat(4),
+        false,
+    );
+    let need = prompt.len().div_ceil(16);
+    let (m, t) = common::model_and_tokenizer();
+    // Room for two parked prompts, not three.
+    let d = Engine::start(
+        m,
+        t,
+        EngineConfig {
+            num_blocks: 2 * need + need / 2,
+            ..Default::default()
+        },
+    );
+    let import = GenerateRequest {
+        prompt,
+        params: greedy(4),
+        mode: PrefillMode::Import,
+        resume: Vec::new(),
+    };
+    let (first, mut rx1) = d.submit(import.clone()).unwrap();
+    let (second, mut rx2) = d.submit(import.clone()).unwrap();
+    let (third, mut rx3) = d.submit(import).unwrap();
+    for rx in [&mut rx1, &mut rx2] {
+        assert!(matches!(rx.recv().await, Some(SeqEvent::KvNeeded { .. })));
+    }
+    // The first import fails without fallback: its blocks come back and the third gets them.
+    d.kv_import_failed(first, false);
+    assert!(
+        matches!(rx3.recv().await, Some(SeqEvent::KvNeeded { .. })),
+        "the request that did not fit must wait for blocks, not end"
+    );
+    d.kv_import_failed(second, true);
+    d.kv_import_failed(third, true);
+    for rx in [rx2, rx3] {
+        let (got, reason) = tokens_of(rx).await;
+        assert_eq!((got.len(), reason), (4, FinishReason::Length));
+    }
+    assert_eq!(settle(&d).await.pool.used, 0);
+}

@@ -76,6 +76,8 @@ pub(super) struct Worker {
     stats: EngineStats,
     /// Blocks of exported sequences, leased to the caller.
     held: HashMap<SeqId, Vec<BlockId>>,
+    /// The last step could schedule nothing until parked or held blocks come back.
+    stalled: bool,
     /// For leases to send their release.
     tx: mpsc::Sender<Command>,
     /// The other ranks of this worker's group (this thread is the leader), if any.
@@ -115,6 +117,7 @@ impl Worker {
             arrivals: 0,
             stats: EngineStats::default(),
             held: HashMap::new(),
+            stalled: false,
             tx,
             group: group.filter(|g| g.collective.world() > 1),
             msg: Vec::new(),
@@ -127,7 +130,8 @@ impl Worker {
 
     pub(super) fn run(mut self, rx: mpsc::Receiver<Command>) {
         loop {
-            if self.sched.is_idle() {
+            // Idle, or stalled until a command frees blocks: block on the next command.
+            if self.sched.is_idle() || std::mem::take(&mut self.stalled) {
                 let next = match &self.group {
                     None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
                     // A heartbeat at least every `heartbeat`, even while commands keep coming.
@@ -300,8 +304,19 @@ impl Worker {
             }
         }
         if plan.is_empty() {
-            // Nothing fits even alone (cannot happen for requests that passed the length
-            // check); fail the head of the queue rather than spin.
+            // Nothing can run now. When parked sequences (waiting for their KV) or exports
+            // (waiting for their transfer) hold blocks, a command will give them back: wait for
+            // it instead of failing the queue. Only a request that cannot fit even into an
+            // otherwise empty pool fails (the length check keeps those out); never spin.
+            let fits =
+                self.sched.waiting.front().is_some_and(|s| {
+                    self.sched.blocks_for(s.tokens.len()) <= self.sched.pool.total()
+                });
+            let blocks_will_return = !self.sched.parked.is_empty() || !self.held.is_empty();
+            if fits && blocks_will_return && self.sched.running.is_empty() {
+                self.stalled = true;
+                return Ok(());
+            }
             if let Some(s) = self.sched.waiting.pop_front() {
                 self.done(s, FinishReason::Length, String::new());
             }
