@@ -14,6 +14,7 @@ use std::ffi::c_void;
 use std::ptr::{null_mut, NonNull};
 use std::sync::mpsc;
 use std::thread::{JoinHandle, ThreadId};
+use std::time::{Duration, Instant};
 use sys::status::of_ptr as ptr_status;
 use tokio::sync::oneshot;
 
@@ -132,6 +133,29 @@ impl Drop for Worker {
 struct Endpoint {
     ep: sys::ucp_ep_h,
     rkeys: HashMap<Vec<u8>, sys::ucp_rkey_h>,
+    /// The last transfer on it started then.
+    last_used: Instant,
+}
+
+/// An endpoint unused this long is closed and its remote keys destroyed. Over shared memory a
+/// remote key maps the peer's whole region into this process: a peer that went away (a decode
+/// worker restarted elsewhere) would otherwise stay mapped, and counted in this process's RSS,
+/// for good. Far longer than any transfer may take (the transport's timeout), so no transfer
+/// is in flight on an endpoint that expires; one that comes back is reconnected on use.
+const ENDPOINT_IDLE: Duration = Duration::from_secs(120);
+/// How often idle endpoints are looked for.
+const EXPIRY_PERIOD: Duration = Duration::from_secs(10);
+
+/// The peers whose endpoint was last used `idle` or longer before `now`.
+fn idle_peers<'a>(
+    last_used: impl Iterator<Item = (&'a Vec<u8>, Instant)>,
+    now: Instant,
+    idle: Duration,
+) -> Vec<Vec<u8>> {
+    last_used
+        .filter(|(_, t)| now.saturating_duration_since(*t) >= idle)
+        .map(|(p, _)| p.clone())
+        .collect()
 }
 
 struct InFlight {
@@ -148,6 +172,8 @@ struct State {
     endpoints: HashMap<Vec<u8>, Endpoint>,
     memory: HashMap<usize, sys::ucp_mem_h>,
     in_flight: Vec<InFlight>,
+    /// When idle endpoints were last looked for.
+    expired_at: Instant,
 }
 
 fn status_error(call: &'static str, status: sys::ucs_status_t) -> Error {
@@ -179,6 +205,7 @@ impl State {
             endpoints: HashMap::new(),
             memory: HashMap::new(),
             in_flight: Vec::new(),
+            expired_at: Instant::now(),
         };
         // SAFETY: worker is live; out-pointer to a field. (On error `state` drops and cleans up.)
         check("ucp_worker_get_efd", unsafe {
@@ -217,6 +244,7 @@ impl State {
                 progressed = true;
             }
             self.reap();
+            self.expire_idle();
             if progressed || !self.in_flight.is_empty() {
                 continue;
             }
@@ -364,9 +392,11 @@ impl State {
                 v.insert(Endpoint {
                     ep,
                     rkeys: HashMap::new(),
+                    last_used: Instant::now(),
                 })
             }
         };
+        endpoint.last_used = Instant::now();
         let ep = endpoint.ep;
         let rkey = match endpoint.rkeys.get(rkey_bytes) {
             Some(rkey) => *rkey,
@@ -432,6 +462,24 @@ impl State {
         });
     }
 
+    /// Closes the endpoints unused for [`ENDPOINT_IDLE`] (checked every [`EXPIRY_PERIOD`]).
+    fn expire_idle(&mut self) {
+        let now = Instant::now();
+        if now.saturating_duration_since(self.expired_at) < EXPIRY_PERIOD {
+            return;
+        }
+        self.expired_at = now;
+        let idle = idle_peers(
+            self.endpoints.iter().map(|(p, e)| (p, e.last_used)),
+            now,
+            ENDPOINT_IDLE,
+        );
+        for peer in idle {
+            tracing::debug!(peer_bytes = peer.len(), "closing an idle UCX endpoint");
+            self.drop_endpoint(&peer);
+        }
+    }
+
     fn drop_endpoint(&mut self, peer: &[u8]) {
         let Some(endpoint) = self.endpoints.remove(peer) else {
             return;
@@ -483,5 +531,21 @@ impl Drop for State {
             sys::ucp_worker_destroy(self.worker);
             sys::ucp_cleanup(self.context);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_endpoints_idle_past_the_limit_expire() {
+        let now = Instant::now() + Duration::from_secs(1000);
+        let (old, fresh) = (vec![1u8], vec![2u8]);
+        let used = [
+            (&old, now - Duration::from_secs(121)),
+            (&fresh, now - Duration::from_secs(5)),
+        ];
+        assert_eq!(idle_peers(used.into_iter(), now, ENDPOINT_IDLE), vec![old]);
     }
 }
