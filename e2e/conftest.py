@@ -27,11 +27,13 @@ def cleave_bin():
     return os.environ.get("CLEAVE_BIN", os.path.join(ROOT, "target", "debug", "cleave"))
 
 
-def start_up(cleave_bin, port, args):
-    """Starts `cleave up --port PORT ARGS...` and returns the process and its "cleave is up" line."""
+def start_up(cleave_bin, port, args, stderr=None):
+    """Starts `cleave up --port PORT ARGS...` and returns the process and its "cleave is up" line
+    (`stderr`: a file for its log, which names the workers' addresses)."""
     proc = subprocess.Popen(
         [cleave_bin, "up", "--port", str(port)] + args,
         stdout=subprocess.PIPE,
+        stderr=stderr,
         text=True,
     )
     deadline = time.time() + 300

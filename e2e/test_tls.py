@@ -6,6 +6,7 @@ refused and one with a certificate from the client CA is served."""
 import time
 
 import http.client
+import socket
 import ssl
 import urllib.error
 import urllib.request
@@ -117,5 +118,61 @@ def test_mutual_tls_requires_a_client_certificate(cleave_bin, pki):
             client = openai.OpenAI(base_url=base, api_key="unused", http_client=hc, max_retries=0)
             out = chat_when_ready(client)
             assert out.choices[0].message.content
+    finally:
+        conftest.stop_up(proc)
+
+
+def test_internal_mutual_tls_through_cleave_up(cleave_bin, tmp_path):
+    """`cleave up --internal-tls-*` (cert-manager's layout): the router's gRPC to the decode
+    worker, the decode worker's to the prefill worker and the KV transfer all run over mutual
+    TLS; a disaggregated chat is served, and the workers' gRPC ports answer no plain HTTP/2."""
+    ca = trustme.CA()
+    peer = ca.issue_cert("127.0.0.1", "localhost")  # trustme: server and client usage
+    secret = tmp_path / "internal-tls"
+    secret.mkdir()
+    ca.cert_pem.write_to_path(str(secret / "ca.crt"))
+    peer.private_key_pem.write_to_path(str(secret / "tls.key"))
+    with open(secret / "tls.crt", "wb") as f:
+        for blob in peer.cert_chain_pems:
+            f.write(blob.bytes())
+    flags = []
+    for flag, name in [("cert", "tls.crt"), ("key", "tls.key"), ("ca", "ca.crt")]:
+        flags += [f"--internal-tls-{flag}", str(secret / name)]
+    port = free_port()
+    log_path = tmp_path / "up.log"
+    with open(log_path, "w") as log:
+        proc, line = conftest.start_up(
+            cleave_bin, port, ["--prefill", "1", "--decode", "1", "--transport", "tcp"] + flags, log
+        )
+    try:
+        assert f"http://127.0.0.1:{port}/v1" in line, line
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        name = client.models.list().data[0].id
+        long_prompt = "Summarise the licence terms that follow. " + "Redistribution is permitted. " * 40
+        out = client.chat.completions.create(
+            model=name, messages=[{"role": "user", "content": long_prompt}], max_tokens=8, temperature=0
+        )
+        assert out.usage.completion_tokens > 0
+        workers = {}
+        for l in open(log_path):
+            # "decode worker 0: grpc 127.0.0.1:N, metrics http://127.0.0.1:M/metrics"
+            if " worker 0: grpc " in l:
+                role = l.split()[0]
+                grpc = l.split("grpc ")[1].split(",")[0]
+                workers[role] = (grpc, l.split("metrics ")[1].strip())
+        assert set(workers) == {"prefill", "decode"}, open(log_path).read()
+        metrics = urllib.request.urlopen(workers["decode"][1], timeout=10).read().decode()
+        assert "cleave_worker_disaggregated_requests_total 1" in metrics, metrics
+        assert "cleave_worker_prefill_fallbacks_total 0" in metrics, metrics
+        # Plain HTTP/2 (gRPC without TLS) to each worker: no SETTINGS frame comes back.
+        for grpc, _ in workers.values():
+            host, p = grpc.rsplit(":", 1)
+            with socket.create_connection((host, int(p)), timeout=10) as s:
+                s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+                try:
+                    reply = s.recv(64)
+                except OSError:
+                    reply = b""
+            assert not (len(reply) >= 4 and reply[3] == 4), f"{grpc} answered plain HTTP/2: {reply!r}"
     finally:
         conftest.stop_up(proc)

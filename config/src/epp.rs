@@ -2,6 +2,7 @@
 //! [`crate::router::RouterConfig`]; `--model`, `--served-model-name`, `--policy`,
 //! `--kube-namespace` and `--kube-relist` are shared with the HTTP router.
 
+use crate::ConfigError;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -56,23 +57,25 @@ pub struct EppConfig {
 
 impl EppConfig {
     /// Checks that a pool is named.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         let named = self.pool.as_deref().is_some_and(|p| !p.trim().is_empty());
         if !named && self.pool_endpoints.is_empty() {
-            return Err(
-                "--mode endpoint-picker needs --pool NAME (an InferencePool) or \
-                        --pool-endpoint ip:port"
-                    .into(),
-            );
+            return Err(ConfigError::Needs {
+                flag: "--mode endpoint-picker",
+                needs: "--pool NAME (an InferencePool) or --pool-endpoint ip:port",
+            });
         }
         if self.shed_queue_depth == 0 {
-            return Err("--shed-queue-depth must be at least 1".into());
+            return Err(ConfigError::BadValue {
+                flag: "--shed-queue-depth",
+                problem: "must be at least 1".into(),
+            });
         }
         if !self.metrics_path.starts_with('/') {
-            return Err(format!(
-                "--metrics-path must start with '/', got {:?}",
-                self.metrics_path
-            ));
+            return Err(ConfigError::BadValue {
+                flag: "--metrics-path",
+                problem: format!("must start with '/', got {:?}", self.metrics_path).into(),
+            });
         }
         Ok(())
     }

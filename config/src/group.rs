@@ -8,7 +8,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::Context;
+use crate::ConfigError;
 use clap::Args;
 use cleave_types::choices::CollectiveTransport;
 use cleave_types::duration::parse_duration;
@@ -105,25 +105,22 @@ pub struct Membership {
     pub leader: String,
 }
 
-fn env_usize(name: &str) -> anyhow::Result<Option<usize>> {
+fn env_usize(name: &'static str) -> Result<Option<usize>, ConfigError> {
     match std::env::var(name) {
         Ok(v) if !v.trim().is_empty() => v
             .trim()
             .parse()
             .map(Some)
-            .with_context(|| format!("{name}={v:?} is not a non-negative integer")),
+            .map_err(|_| ConfigError::BadEnv { name, value: v }),
         _ => Ok(None),
     }
 }
 
 /// The group size `--tp` and `--ep` give (`None`: neither). Attention runs tensor-parallel over
 /// the expert-parallel ranks, so both name the same number when both are given.
-pub fn size_from_flags(tp: Option<usize>, ep: Option<usize>) -> anyhow::Result<Option<usize>> {
+pub fn size_from_flags(tp: Option<usize>, ep: Option<usize>) -> Result<Option<usize>, ConfigError> {
     match (tp, ep) {
-        (Some(tp), Some(ep)) if tp != ep => anyhow::bail!(
-            "--tp {tp} and --ep {ep} differ: attention runs tensor-parallel over the \
-             expert-parallel ranks, so a group has one size (give one of them)"
-        ),
+        (Some(tp), Some(ep)) if tp != ep => Err(ConfigError::GroupSizes { tp, ep }),
         (Some(n), _) | (None, Some(n)) => Ok(Some(n)),
         (None, None) => Ok(None),
     }
@@ -132,28 +129,34 @@ pub fn size_from_flags(tp: Option<usize>, ep: Option<usize>) -> anyhow::Result<O
 impl GroupArgs {
     /// The membership from flags, then `CLEAVE_GROUP_*`, then `LWS_*`; `None` for a group of
     /// one.
-    pub fn membership(&self) -> anyhow::Result<Option<Membership>> {
+    pub fn membership(&self) -> Result<Option<Membership>, ConfigError> {
         let size = match size_from_flags(self.size, self.ep)? {
             Some(s) => s,
             None => env_usize("LWS_GROUP_SIZE")?.unwrap_or(1),
         };
-        anyhow::ensure!(size >= 1, "the group size (--tp/--ep) must be at least 1");
+        if size == 0 {
+            return Err(ConfigError::BadValue {
+                flag: "--tp/--ep",
+                problem: "must be at least 1 (the group size)".into(),
+            });
+        }
         let rank = match (self.rank, self.pod_name.as_deref()) {
             (Some(r), _) => r,
             (None, Some(name)) => name
                 .rsplit_once('-')
                 .and_then(|(_, n)| n.parse().ok())
-                .ok_or_else(|| {
-                    anyhow::anyhow!(
-                        "--group-pod-name {name:?} does not end in -ORDINAL (a StatefulSet pod's name)"
+                .ok_or_else(|| ConfigError::BadValue {
+                    flag: "--group-pod-name",
+                    problem: format!(
+                        "{name:?} does not end in -ORDINAL (a StatefulSet pod's name)"
                     )
+                    .into(),
                 })?,
             (None, None) => env_usize("LWS_WORKER_INDEX")?.unwrap_or(0),
         };
-        anyhow::ensure!(
-            rank < size,
-            "group rank {rank} is not a rank of a group of {size} (--group-rank, --tp)"
-        );
+        if rank >= size {
+            return Err(ConfigError::RankOutOfRange { rank, size });
+        }
         if size == 1 {
             return Ok(None);
         }

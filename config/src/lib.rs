@@ -4,7 +4,8 @@
 //! - [`router::RouterConfig`]: `cleave-router` (with [`epp::EppConfig`] for
 //!   `--mode endpoint-picker`);
 //! - [`worker::WorkerConfig`]: the worker binaries (with [`group::GroupArgs`] for multi-process
-//!   groups).
+//!   groups);
+//! - [`internal_tls::InternalTlsArgs`]: mutual TLS between the processes, on all of them.
 //!
 //! The binaries parse them; the operator renders its ConfigMaps through the same definitions and
 //! parses what it rendered back, so it needs this crate and not the binaries' (which link the
@@ -14,9 +15,13 @@
 #![forbid(unsafe_code)]
 
 pub mod epp;
+mod error;
 pub mod group;
+pub mod internal_tls;
 pub mod router;
 pub mod worker;
+
+pub use error::ConfigError;
 
 /// Async runtime threads of the servers (gRPC, HTTP, KV transfers) by default, beside the
 /// compute threads.

@@ -2,6 +2,7 @@
 //! sets its flags pick from. Behaviour behind them (placement policies, TLS, KV events) lives in
 //! `cleave-router`, which re-exports these types.
 
+use crate::ConfigError;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -84,6 +85,10 @@ pub struct RouterConfig {
     /// Requests waiting for a slot; beyond this: 429.
     #[arg(long, env = "CLEAVE_MAX_QUEUE", default_value_t = 256)]
     pub max_queue: usize,
+    /// Longest a request waits for a slot before it is refused with 429 (the admission SLO: an
+    /// admitted request started within this of its arrival).
+    #[arg(long, env = "CLEAVE_QUEUE_TIMEOUT", value_parser = parse_positive_duration, default_value = "30s")]
+    pub queue_timeout: Duration,
     /// Longest time a request may take, queueing included.
     #[arg(long, env = "CLEAVE_REQUEST_TIMEOUT", value_parser = parse_positive_duration, default_value = "600s")]
     pub request_timeout: Duration,
@@ -128,6 +133,9 @@ pub struct RouterConfig {
     pub kv_events_topic: String,
     #[command(flatten)]
     pub epp: crate::epp::EppConfig,
+    /// Mutual TLS on the gRPC channels to the workers.
+    #[command(flatten)]
+    pub internal_tls: crate::internal_tls::InternalTlsArgs,
 }
 
 /// What `cleave-router` serves.
@@ -283,52 +291,69 @@ impl RouterConfig {
 
     /// The TLS files of the OpenAI endpoint, `None` for plain HTTP; an error when only part
     /// of them is given.
-    pub fn tls_files(&self) -> Result<Option<TlsFiles>, String> {
+    pub fn tls_files(&self) -> Result<Option<TlsFiles>, ConfigError> {
         match (&self.tls_cert, &self.tls_key) {
             (Some(cert), Some(key)) => Ok(Some(TlsFiles {
                 cert: cert.clone(),
                 key: key.clone(),
                 client_ca: self.tls_client_ca.clone(),
             })),
-            (Some(_), None) => Err("--tls-cert needs --tls-key".into()),
-            (None, Some(_)) => Err("--tls-key needs --tls-cert".into()),
-            (None, None) if self.tls_client_ca.is_some() => {
-                Err("--tls-client-ca needs --tls-cert and --tls-key".into())
-            }
+            (Some(_), None) => Err(ConfigError::Needs {
+                flag: "--tls-cert",
+                needs: "--tls-key",
+            }),
+            (None, Some(_)) => Err(ConfigError::Needs {
+                flag: "--tls-key",
+                needs: "--tls-cert",
+            }),
+            (None, None) if self.tls_client_ca.is_some() => Err(ConfigError::Needs {
+                flag: "--tls-client-ca",
+                needs: "--tls-cert and --tls-key",
+            }),
             (None, None) => Ok(None),
         }
     }
 
     /// Checks that some source of decode workers is configured, and completely.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         self.tls_files()?;
+        self.internal_tls.files()?;
         if self.kv_events.is_some() {
             if self.kv_events_pods.is_empty() {
-                return Err("--kv-events needs at least one --kv-events-pod".into());
+                return Err(ConfigError::Needs {
+                    flag: "--kv-events",
+                    needs: "at least one --kv-events-pod",
+                });
             }
             if !self.decode.is_empty() || !self.prefill.is_empty() || self.etcd.is_some() {
-                return Err(
-                    "--kv-events routes to engine pods only: drop --decode, --prefill \
-                            and --etcd"
-                        .into(),
-                );
+                return Err(ConfigError::Conflict {
+                    flag: "--kv-events",
+                    why: "routes to engine pods only: drop --decode, --prefill and --etcd",
+                });
             }
             if self.discovery.is_some() {
-                return Err(
-                    "--kv-events takes its pods from --kv-events-pod, not --discovery".into(),
-                );
+                return Err(ConfigError::Conflict {
+                    flag: "--kv-events",
+                    why: "takes its pods from --kv-events-pod, not --discovery",
+                });
             }
             // The pods' specs are parsed where they are used (`cleave_router::config::validate`).
             return Ok(());
         }
         if !self.kv_events_pods.is_empty() {
-            return Err("--kv-events-pod needs --kv-events vllm|sglang".into());
+            return Err(ConfigError::Needs {
+                flag: "--kv-events-pod",
+                needs: "--kv-events vllm|sglang",
+            });
         }
         if self.mode == Mode::EndpointPicker {
             return self.epp.validate();
         }
         if self.discovery == Some(DiscoveryKind::Etcd) && self.etcd_endpoints().is_empty() {
-            return Err("--discovery etcd needs --etcd endpoints".into());
+            return Err(ConfigError::Needs {
+                flag: "--discovery etcd",
+                needs: "--etcd endpoints",
+            });
         }
         if self.kubernetes()
             && self
@@ -338,16 +363,13 @@ impl RouterConfig {
                 .trim()
                 .is_empty()
         {
-            return Err("--discovery kubernetes needs --kube-selector (e.g. \
-                        app.kubernetes.io/instance=NAME)"
-                .into());
+            return Err(ConfigError::Needs {
+                flag: "--discovery kubernetes",
+                needs: "--kube-selector (e.g. app.kubernetes.io/instance=NAME)",
+            });
         }
         if self.decode.is_empty() && self.etcd_endpoints().is_empty() && !self.kubernetes() {
-            return Err(
-                "at least one decode worker source is required: --decode, --etcd or \
-                        --discovery kubernetes"
-                    .into(),
-            );
+            return Err(ConfigError::NoDecodeWorkers);
         }
         Ok(())
     }
@@ -382,9 +404,12 @@ mod tests {
             Duration::from_secs(30)
         );
         let no_selector = parse(&["--discovery", "kubernetes", "--kube-selector", " "]).validate();
-        assert!(no_selector.unwrap_err().contains("--kube-selector"));
+        assert!(no_selector
+            .unwrap_err()
+            .to_string()
+            .contains("--kube-selector"));
         let no_etcd = parse(&["--discovery", "etcd"]).validate();
-        assert!(no_etcd.unwrap_err().contains("--etcd"));
+        assert!(no_etcd.unwrap_err().to_string().contains("--etcd"));
         assert_eq!(
             parse(&["--etcd", "http://127.0.0.1:2379"]).validate(),
             Ok(())
@@ -392,6 +417,7 @@ mod tests {
         assert!(parse(&[])
             .validate()
             .unwrap_err()
+            .to_string()
             .contains("--discovery kubernetes"));
         assert!(RouterConfig::from_flags(["--model", "m", "--discovery", "consul"]).is_err());
     }
@@ -406,9 +432,9 @@ mod tests {
         assert_eq!(files.client_ca, None);
         assert_eq!(tls.reload_interval, Duration::from_secs(10));
         let half = parse(&[&d[..], &["--tls-cert", "c.pem"]].concat()).validate();
-        assert!(half.unwrap_err().contains("--tls-key"));
+        assert!(half.unwrap_err().to_string().contains("--tls-key"));
         let ca_only = parse(&[&d[..], &["--tls-client-ca", "ca.pem"]].concat()).validate();
-        assert!(ca_only.unwrap_err().contains("--tls-cert"));
+        assert!(ca_only.unwrap_err().to_string().contains("--tls-cert"));
     }
 
     #[test]
@@ -425,11 +451,13 @@ mod tests {
         assert!(parse(&["--kv-events", "sglang"])
             .validate()
             .unwrap_err()
+            .to_string()
             .contains("--kv-events-pod"));
         assert!(
             parse(&["--kv-events-pod", "http://h:1", "--decode", "http://d:1"])
                 .validate()
                 .unwrap_err()
+                .to_string()
                 .contains("--kv-events vllm")
         );
         let mixed = parse(&[
@@ -440,7 +468,11 @@ mod tests {
             "--decode",
             "http://d:1",
         ]);
-        assert!(mixed.validate().unwrap_err().contains("--decode"));
+        assert!(mixed
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("--decode"));
         assert_eq!(
             parse(&[]).kv_events,
             None,

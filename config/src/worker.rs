@@ -99,4 +99,7 @@ pub struct WorkerConfig {
     /// Worker-group membership (tensor-parallel ranks in several processes).
     #[command(flatten)]
     pub group: crate::group::GroupArgs,
+    /// Mutual TLS for the gRPC server, the channels to prefill workers and the KV transport.
+    #[command(flatten)]
+    pub internal_tls: crate::internal_tls::InternalTlsArgs,
 }

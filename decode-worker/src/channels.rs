@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 /// More endpoints than this (pods come and go) and the cache starts over.
 const MAX_ENDPOINTS: usize = 256;
@@ -14,16 +14,26 @@ const MAX_ENDPOINTS: usize = 256;
 #[derive(Default)]
 pub struct Channels {
     by_endpoint: Mutex<HashMap<String, Channel>>,
+    /// Mutual TLS on every channel (`--internal-tls-*`).
+    tls: Option<cleave_tls::Mutual>,
 }
 
 impl Channels {
+    /// No channels yet; each one made over mutual TLS with `tls`.
+    pub fn new(tls: Option<cleave_tls::Mutual>) -> Channels {
+        Channels {
+            by_endpoint: Mutex::default(),
+            tls,
+        }
+    }
+
     /// The channel to `endpoint` (`http://host:port`), made on first use; connects lazily.
     pub fn get(&self, endpoint: &str) -> Result<Channel, String> {
         let mut map = self.by_endpoint.lock().expect("channels lock");
         if let Some(c) = map.get(endpoint) {
             return Ok(c.clone());
         }
-        let channel = Endpoint::from_shared(endpoint.to_string())
+        let channel = cleave_tls::grpc_endpoint(endpoint, self.tls.as_ref())
             .map_err(|e| format!("prefill endpoint {endpoint:?}: {e}"))?
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true)

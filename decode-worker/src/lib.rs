@@ -20,8 +20,8 @@ use cleave_worker::{Role, RoleService, WorkerState};
 /// The gRPC service.
 pub fn service(state: Arc<WorkerState>) -> DecodeWorkerServer<Decode> {
     DecodeWorkerServer::new(Decode {
-        state,
-        prefill: Arc::new(channels::Channels::default()),
+        state: state.clone(),
+        prefill: Arc::new(channels::Channels::new(state.internal_tls.clone())),
         calls: Default::default(),
     })
 }

@@ -49,6 +49,11 @@ pub struct TransportConfig {
     pub timeout: Duration,
     /// Longest connecting to a peer may take.
     pub connect_timeout: Duration,
+    /// Mutual TLS on the TCP path (the TCP backend's data, the UCX backend's control and
+    /// fallback): every connection, either way, presents this identity and requires the
+    /// peer's. `None`: plain TCP.
+    #[serde(skip)]
+    pub tls: Option<cleave_tls::Mutual>,
 }
 
 impl Default for TransportConfig {
@@ -59,6 +64,7 @@ impl Default for TransportConfig {
             advertise: None,
             timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(5),
+            tls: None,
         }
     }
 }

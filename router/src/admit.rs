@@ -2,7 +2,10 @@
 //!
 //! At most `max_in_flight` requests run at once; up to `max_queue` more wait (FIFO, tokio's
 //! fair semaphore) for at most `queue_timeout`. Anything beyond that is refused at once, so an
-//! overload turns into 429s with `Retry-After` instead of an unbounded queue. Each admitted
+//! overload turns into 429s with `Retry-After` instead of an unbounded queue. A request that
+//! would join the queue behind more waiters than the slots free up for within `queue_timeout`
+//! (at the rate they were freed lately) is refused at once too, instead of after waiting out
+//! the timeout: under overload the 429 comes in microseconds, not after `queue_timeout`. Each admitted
 //! request gets a [`Permit`] (held until its response is fully sent or dropped) with the
 //! deadline of the whole request.
 //!
@@ -58,6 +61,41 @@ pub enum Rejected {
     /// The request waited `queue_timeout` without getting a slot.
     #[error("timed out waiting for an in-flight slot")]
     QueueTimeout,
+    /// At the rate slots are freed, the request would not get one within `queue_timeout`.
+    #[error("the queue ahead would not drain within the queue timeout")]
+    WouldTimeOut,
+}
+
+/// Slots must have been freed this many times before the rate is trusted.
+const MIN_RELEASES: u32 = 8;
+
+/// How fast slots are freed: an exponentially weighted mean of the gaps between releases.
+#[derive(Debug, Default)]
+struct ReleaseRate {
+    last: Option<Instant>,
+    mean_gap_s: f64,
+    releases: u32,
+}
+
+impl ReleaseRate {
+    fn released(&mut self, now: Instant) {
+        if let Some(last) = self.last {
+            let gap = now.saturating_duration_since(last).as_secs_f64();
+            self.mean_gap_s = if self.releases <= 1 {
+                gap
+            } else {
+                0.8 * self.mean_gap_s + 0.2 * gap
+            };
+        }
+        self.last = Some(now);
+        self.releases = self.releases.saturating_add(1);
+    }
+
+    /// Expected wait of the `position`-th waiter (1-based), once the rate is known.
+    fn expected_wait(&self, position: usize) -> Option<Duration> {
+        (self.releases >= MIN_RELEASES)
+            .then(|| Duration::from_secs_f64(self.mean_gap_s * position as f64))
+    }
 }
 
 /// An in-flight slot; freed when dropped.
@@ -66,6 +104,17 @@ pub struct Permit {
     _slot: OwnedSemaphorePermit,
     deadline: Option<Instant>,
     key: Option<KeyLease>,
+    /// Told when the slot is freed.
+    rate: Arc<std::sync::Mutex<ReleaseRate>>,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.rate
+            .lock()
+            .expect("release rate")
+            .released(Instant::now());
+    }
 }
 
 impl Permit {
@@ -105,6 +154,7 @@ struct Inner {
     slots: Arc<Semaphore>,
     waiting: AtomicUsize,
     queue_depth: Gauge,
+    rate: Arc<std::sync::Mutex<ReleaseRate>>,
 }
 
 /// Decrements the waiting count however the wait ends (success, timeout, or the request
@@ -127,6 +177,7 @@ impl Admission {
                 config,
                 waiting: AtomicUsize::new(0),
                 queue_depth,
+                rate: Arc::default(),
             }),
         }
     }
@@ -146,33 +197,39 @@ impl Admission {
         let inner = &*self.inner;
         let arrived = Instant::now();
         let deadline = inner.config.request_timeout.map(|t| arrived + t);
+        let permit = |slot| Permit {
+            _slot: slot,
+            deadline,
+            key: None,
+            rate: inner.rate.clone(),
+        };
         if let Ok(slot) = inner.slots.clone().try_acquire_owned() {
-            return Ok(Permit {
-                _slot: slot,
-                deadline,
-                key: None,
-            });
+            return Ok(permit(slot));
+        }
+        let mut wait_limit = inner.config.queue_timeout;
+        if let Some(d) = deadline {
+            wait_limit = wait_limit.min(d.saturating_duration_since(arrived));
         }
         let claimed = inner
             .waiting
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
                 (w < inner.config.max_queue).then_some(w + 1)
             });
-        if claimed.is_err() {
+        let Ok(ahead) = claimed else {
             return Err(Rejected::QueueFull);
-        }
+        };
         inner.queue_depth.inc();
         let _waiting = Waiting(inner);
-        let mut wait_limit = inner.config.queue_timeout;
-        if let Some(d) = deadline {
-            wait_limit = wait_limit.min(d.saturating_duration_since(arrived));
+        let expected = inner
+            .rate
+            .lock()
+            .expect("release rate")
+            .expected_wait(ahead + 1);
+        if expected.is_some_and(|w| w > wait_limit) {
+            return Err(Rejected::WouldTimeOut);
         }
         match tokio::time::timeout(wait_limit, inner.slots.clone().acquire_owned()).await {
-            Ok(Ok(slot)) => Ok(Permit {
-                _slot: slot,
-                deadline,
-                key: None,
-            }),
+            Ok(Ok(slot)) => Ok(permit(slot)),
             // The semaphore is never closed; treat it like a timeout if it ever is.
             Ok(Err(_)) | Err(_) => Err(Rejected::QueueTimeout),
         }
@@ -269,6 +326,44 @@ mod tests {
         queued.abort();
         let _ = queued.await;
         assert_eq!(a.waiting(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_queue_that_cannot_drain_in_time_is_refused_at_once() {
+        // One slot, freed every second: the queue timeout (5 s) covers four waiters at most.
+        let a = admission(1, 16);
+        for _ in 0..MIN_RELEASES {
+            let held = a.admit().await.unwrap();
+            tokio::time::advance(Duration::from_secs(1)).await;
+            drop(held);
+        }
+        let held = a.admit().await.unwrap();
+        let mut waiters = Vec::new();
+        // Waiters 1..=5 expect to wait 1..=5 s, within the timeout: they queue.
+        for _ in 0..5 {
+            let a2 = a.clone();
+            waiters.push(tokio::spawn(async move { a2.admit().await }));
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(a.waiting(), 5);
+        // The sixth would wait about 6 s: refused without waiting.
+        let t0 = Instant::now();
+        assert_eq!(a.admit().await.unwrap_err(), Rejected::WouldTimeOut);
+        assert_eq!(t0.elapsed(), Duration::ZERO);
+        assert_eq!(a.waiting(), 5);
+        // The queued ones are served as slots free up.
+        drop(held);
+        let first = waiters.remove(0).await.unwrap().unwrap();
+        drop(first);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_known_release_rate_requests_wait() {
+        let a = admission(1, 16);
+        let _held = a.admit().await.unwrap();
+        let t0 = Instant::now();
+        assert_eq!(a.admit().await.unwrap_err(), Rejected::QueueTimeout);
+        assert_eq!(t0.elapsed(), Duration::from_secs(5));
     }
 
     #[test]

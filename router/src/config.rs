@@ -2,6 +2,7 @@
 //! them without linking the router); this adds the checks that need the router's own parsers.
 
 pub use cleave_config::router::*;
+pub use cleave_config::ConfigError;
 
 /// The engine pods of `--kv-events` mode.
 pub fn engine_pods(config: &RouterConfig) -> Result<Vec<crate::events::PodSpec>, String> {
@@ -18,11 +19,22 @@ pub fn engine_pods(config: &RouterConfig) -> Result<Vec<crate::events::PodSpec>,
         .collect()
 }
 
+/// Why the router's configuration is refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ValidateError {
+    /// The flags alone are incomplete or contradictory.
+    #[error(transparent)]
+    Flags(#[from] ConfigError),
+    /// A `--kv-events-pod` does not parse.
+    #[error("--kv-events-pod: {0}")]
+    Pod(String),
+}
+
 /// [`RouterConfig::validate`], and in `--kv-events` mode the pods' specs too.
-pub fn validate(config: &RouterConfig) -> Result<(), String> {
+pub fn validate(config: &RouterConfig) -> Result<(), ValidateError> {
     config.validate()?;
     if config.kv_events.is_some() {
-        engine_pods(config)?;
+        engine_pods(config).map_err(ValidateError::Pod)?;
     }
     Ok(())
 }
@@ -53,6 +65,6 @@ mod tests {
         );
         let bad = parse(&["--kv-events", "vllm", "--kv-events-pod", "h:1"]);
         assert_eq!(bad.validate(), Ok(()), "the flags alone are complete");
-        assert!(validate(&bad).unwrap_err().contains("http://"));
+        assert!(validate(&bad).unwrap_err().to_string().contains("http://"));
     }
 }

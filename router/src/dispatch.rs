@@ -13,7 +13,7 @@ use cleave_proto::convert::finish_from_wire;
 use cleave_proto::v1 as pb;
 use cleave_proto::v1::decode_worker_client::DecodeWorkerClient;
 use tokio_stream::StreamExt;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::api::backend::{
     Backend, BackendError, BackendEvent, BackendRequest, BackendStream, FinishReason,
@@ -39,7 +39,7 @@ pub struct WorkerEntry {
     pub role: Role,
     /// Its gRPC endpoint (`http://host:port`).
     pub endpoint: String,
-    channel: Channel,
+    pub(crate) channel: Channel,
 }
 
 /// The placement state the dispatcher and the watchers share.
@@ -58,6 +58,8 @@ pub struct Cluster {
     spare: Mutex<Vec<Matches>>,
     /// The overlay's clock starts here.
     epoch: Instant,
+    /// Mutual TLS on the channels to the workers (`--internal-tls-*`).
+    tls: Option<cleave_tls::Mutual>,
 }
 
 impl Default for Cluster {
@@ -69,6 +71,7 @@ impl Default for Cluster {
             in_flight: None,
             spare: Mutex::new(Vec::new()),
             epoch: Instant::now(),
+            tls: None,
         }
     }
 }
@@ -98,6 +101,12 @@ impl Cluster {
     /// arrived yet; [`crate::place::in_flight`]).
     pub fn with_in_flight(mut self, overlay: InFlight) -> Self {
         self.in_flight = Some(Mutex::new(overlay));
+        self
+    }
+
+    /// Opens the channels to workers added from now on over mutual TLS with `tls`.
+    pub fn with_internal_tls(mut self, tls: Option<cleave_tls::Mutual>) -> Self {
+        self.tls = tls;
         self
     }
 
@@ -210,7 +219,7 @@ impl Cluster {
         role: Role,
         endpoint: &str,
     ) -> Result<(), tonic::transport::Error> {
-        let channel = Endpoint::from_shared(endpoint.to_string())?
+        let channel = cleave_tls::grpc_endpoint(endpoint, self.tls.as_ref())?
             .connect_timeout(std::time::Duration::from_secs(2))
             .connect_lazy();
         self.workers.lock().expect("workers").insert(

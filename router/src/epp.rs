@@ -48,7 +48,7 @@ pub struct Running {
 /// Starts the endpoint picker until `shutdown`; returns once the pool is listed and the gRPC
 /// server listens.
 pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::Result<Running> {
-    config.validate().map_err(anyhow::Error::msg)?;
+    config.validate()?;
     let epp = &config.epp;
     let model = ModelText::open(&config.model)
         .with_context(|| format!("reading {}", config.model.display()))?;

@@ -62,18 +62,20 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
             Some(Arc::new(keys))
         }
     };
-    let tls = match config.tls_files().map_err(anyhow::Error::msg)? {
+    let tls = match config.tls_files()? {
         None => None,
         Some(files) => Some(Arc::new(TlsReloader::load(files).context("TLS")?)),
     };
-    let cluster = Arc::new(Cluster::for_policy(config.policy));
+    let internal_tls =
+        cleave_tls::Mutual::from_args(&config.internal_tls).context("internal TLS")?;
+    let cluster = Arc::new(Cluster::for_policy(config.policy).with_internal_tls(internal_tls));
     let mut workers: Vec<(Role, String)> = config
         .prefill
         .iter()
         .map(|e| (Role::Prefill, e.clone()))
         .collect();
     workers.extend(config.decode.iter().map(|e| (Role::Decode, e.clone())));
-    crate::config::validate(&config).map_err(anyhow::Error::msg)?;
+    crate::config::validate(&config)?;
     Box::new(Static { workers })
         .start(cluster.clone(), shutdown.clone())
         .map_err(anyhow::Error::msg)?;
@@ -121,8 +123,8 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
         AdmitConfig {
             max_in_flight: config.max_in_flight,
             max_queue: config.max_queue,
+            queue_timeout: config.queue_timeout,
             request_timeout: Some(config.request_timeout),
-            ..Default::default()
         },
         metrics.queue_depth.clone(),
     );

@@ -13,7 +13,6 @@
 //! handshake of one without fails before any HTTP is read.
 
 use std::io;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,10 +20,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use rustls::server::WebPkiClientVerifier;
-use rustls::{RootCertStore, ServerConfig};
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::ServerConfig;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
@@ -35,47 +31,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub use cleave_config::router::TlsFiles;
 
-/// Why a TLS identity could not be loaded.
-#[derive(Debug, thiserror::Error)]
-pub enum TlsError {
-    /// A file could not be read.
-    #[error("reading {}", path.display())]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: io::Error,
-    },
-    /// A file is not valid PEM of the expected kind.
-    #[error("{}: {what}", path.display())]
-    Pem {
-        /// The file.
-        path: PathBuf,
-        /// What was expected and what was wrong.
-        what: String,
-    },
-    /// rustls refused the certificate chain and key (e.g. the key does not match).
-    #[error("the certificate {} and key {} do not form a usable TLS identity", cert.display(), key.display())]
-    Identity {
-        /// The certificate file.
-        cert: PathBuf,
-        /// The key file.
-        key: PathBuf,
-        /// The cause.
-        #[source]
-        source: rustls::Error,
-    },
-    /// The client CA could not be turned into a verifier.
-    #[error("client CA {}", path.display())]
-    ClientCa {
-        /// The file.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: rustls::server::VerifierBuilderError,
-    },
-}
+pub use cleave_tls::TlsError;
 
 /// The files' bytes as last read: cert, key, client CA.
 type Contents = [Option<Vec<u8>>; 3];
@@ -155,86 +111,22 @@ impl TlsReloader {
 }
 
 fn read_all(files: &TlsFiles) -> Result<Contents, TlsError> {
-    let read = |p: &Path| {
-        std::fs::read(p).map_err(|source| TlsError::Read {
-            path: p.to_path_buf(),
-            source,
-        })
-    };
     Ok([
-        Some(read(&files.cert)?),
-        Some(read(&files.key)?),
-        files.client_ca.as_deref().map(read).transpose()?,
+        Some(cleave_tls::pem::read(&files.cert)?),
+        Some(cleave_tls::pem::read(&files.key)?),
+        files
+            .client_ca
+            .as_deref()
+            .map(cleave_tls::pem::read)
+            .transpose()?,
     ])
-}
-
-fn certs(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let certs = CertificateDer::pem_slice_iter(pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| TlsError::Pem {
-            path: path.to_path_buf(),
-            what: format!("invalid PEM certificate: {e}"),
-        })?;
-    if certs.is_empty() {
-        return Err(TlsError::Pem {
-            path: path.to_path_buf(),
-            what: "no `BEGIN CERTIFICATE` block".into(),
-        });
-    }
-    Ok(certs)
-}
-
-/// The provider every config is built with (explicit, so the process-wide default does not
-/// matter).
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
 }
 
 fn server_config(files: &TlsFiles, contents: &Contents) -> Result<Arc<ServerConfig>, TlsError> {
     let [Some(cert_pem), Some(key_pem), ca_pem] = contents else {
         unreachable!("read_all always reads the certificate and the key");
     };
-    let chain = certs(&files.cert, cert_pem)?;
-    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| TlsError::Pem {
-        path: files.key.clone(),
-        what: format!("no usable private key (PKCS#8, PKCS#1 or SEC1 PEM): {e}"),
-    })?;
-    let provider = provider();
-    let builder = ServerConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|source| TlsError::Identity {
-            cert: files.cert.clone(),
-            key: files.key.clone(),
-            source,
-        })?;
-    let builder = match (&files.client_ca, ca_pem) {
-        (Some(path), Some(pem)) => {
-            let mut roots = RootCertStore::empty();
-            for c in certs(path, pem)? {
-                roots.add(c).map_err(|e| TlsError::Pem {
-                    path: path.clone(),
-                    what: format!("not a usable CA certificate: {e}"),
-                })?;
-            }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                .build()
-                .map_err(|source| TlsError::ClientCa {
-                    path: path.clone(),
-                    source,
-                })?;
-            builder.with_client_cert_verifier(verifier)
-        }
-        _ => builder.with_no_client_auth(),
-    };
-    let mut config = builder
-        .with_single_cert(chain, key)
-        .map_err(|source| TlsError::Identity {
-            cert: files.cert.clone(),
-            key: files.key.clone(),
-            source,
-        })?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+    cleave_tls::endpoint_config(files, cert_pem, key_pem, ca_pem.as_deref()).map(Arc::new)
 }
 
 /// Serves `app` over TLS on `listener` until `shutdown`, then lets open connections finish

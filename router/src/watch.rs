@@ -45,14 +45,15 @@ pub async fn follow(cluster: Arc<Cluster>, id: WorkerId, shutdown: CancellationT
     loop {
         let Some(entry) = cluster.get(id) else { return };
         let stream = match entry.role {
-            Role::Prefill => match PrefillWorkerClient::connect(entry.endpoint.clone()).await {
-                Ok(mut c) => c.watch(pb::WatchRequest {}).await.map(|r| r.into_inner()),
-                Err(e) => Err(tonic::Status::unavailable(e.to_string())),
-            },
-            _ => match DecodeWorkerClient::connect(entry.endpoint.clone()).await {
-                Ok(mut c) => c.watch(pb::WatchRequest {}).await.map(|r| r.into_inner()),
-                Err(e) => Err(tonic::Status::unavailable(e.to_string())),
-            },
+            // The worker's channel (plain or mutual TLS), shared with the requests.
+            Role::Prefill => PrefillWorkerClient::new(entry.channel.clone())
+                .watch(pb::WatchRequest {})
+                .await
+                .map(|r| r.into_inner()),
+            _ => DecodeWorkerClient::new(entry.channel.clone())
+                .watch(pb::WatchRequest {})
+                .await
+                .map(|r| r.into_inner()),
         };
         if let Ok(mut stream) = stream {
             let mut first = true;

@@ -184,6 +184,7 @@ async fn router_discovers_and_drops_an_etcd_registered_worker() {
             // Longer than the wait below: the worker must go because its lease is revoked, not expired.
             etcd_lease_ttl: Duration::from_secs(30),
             group: Default::default(),
+            internal_tls: Default::default(),
         },
         worker_stop.clone(),
     )

@@ -11,14 +11,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use cleave_tls::testing::{ExtendedKeyUsagePurpose, Issued, TestCa as Ca};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
-    KeyUsagePurpose,
-};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 use rustls::{ClientConfig, RootCertStore};
 use support::{chat, next_generation, replace, scratch, worker, Router};
@@ -27,60 +24,22 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
-/// A CA made for one test.
-struct Ca {
-    cert: rcgen::Certificate,
-    key: KeyPair,
+/// The test's certificates: a server one for `localhost` and 127.0.0.1, and client ones.
+trait Issue {
+    fn server(&self) -> Issued;
+    fn client(&self) -> Issued;
 }
 
-/// A certificate and its key, as PEM and DER.
-struct Issued {
-    cert_pem: String,
-    key_pem: String,
-    der: CertificateDer<'static>,
-    key_der: Vec<u8>,
-}
-
-impl Ca {
-    fn new(name: &str) -> Ca {
-        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
-        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        p.distinguished_name.push(DnType::CommonName, name);
-        p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let key = KeyPair::generate().unwrap();
-        let cert = p.self_signed(&key).unwrap();
-        Ca { cert, key }
-    }
-
-    fn der(&self) -> CertificateDer<'static> {
-        self.cert.der().clone()
-    }
-
-    fn issue(&self, names: &[&str], usage: ExtendedKeyUsagePurpose) -> Issued {
-        let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
-        let mut p = CertificateParams::new(names).unwrap();
-        p.distinguished_name.push(DnType::CommonName, "cleave test");
-        p.extended_key_usages = vec![usage];
-        let key = KeyPair::generate().unwrap();
-        let cert = p.signed_by(&key, &self.cert, &self.key).unwrap();
-        Issued {
-            cert_pem: cert.pem(),
-            key_pem: key.serialize_pem(),
-            der: cert.der().clone(),
-            key_der: key.serialize_der(),
-        }
-    }
-
-    /// A server certificate for `localhost` and 127.0.0.1.
+impl Issue for Ca {
     fn server(&self) -> Issued {
         self.issue(
             &["localhost", "127.0.0.1"],
-            ExtendedKeyUsagePurpose::ServerAuth,
+            &[ExtendedKeyUsagePurpose::ServerAuth],
         )
     }
 
     fn client(&self) -> Issued {
-        self.issue(&["client.test"], ExtendedKeyUsagePurpose::ClientAuth)
+        self.issue(&["client.test"], &[ExtendedKeyUsagePurpose::ClientAuth])
     }
 }
 
@@ -294,7 +253,7 @@ async fn mutual_tls_admits_only_clients_with_a_certificate_from_the_client_ca() 
     let clients = Ca::new("client CA");
     let (cert, key) = write_identity(&dir, &ca.server());
     let client_ca = dir.join("ca.crt");
-    std::fs::write(&client_ca, clients.cert.pem()).unwrap();
+    std::fs::write(&client_ca, clients.pem()).unwrap();
     let client_ca = client_ca.display().to_string();
     let (decode, _gate) = worker(true).await;
     let router = Router::start(

@@ -44,6 +44,9 @@ pub struct WorkerState {
     pub ranks: Vec<RankRegion>,
     /// KV events and load for routers.
     pub watch: Arc<WatchHub>,
+    /// Mutual TLS of the gRPC server, the channels to other workers and the KV transport
+    /// (`--internal-tls-*`); `None`: plain.
+    pub internal_tls: Option<cleave_tls::Mutual>,
     registry: Mutex<Registry>,
     ready: AtomicBool,
     /// The engine stopped because a rank of its group failed.
@@ -103,6 +106,8 @@ pub async fn run(
             m.rank
         );
     }
+    let internal_tls =
+        cleave_tls::Mutual::from_args(&config.internal_tls).context("internal TLS")?;
     let group_size = membership.as_ref().map_or(1, |m| m.size);
     let group = match membership {
         Some(m) => {
@@ -117,8 +122,11 @@ pub async fn run(
     let (model, tokenizer) =
         tokio::task::spawn_blocking(move || crate::group::load(&path, threads, collective, &args))
             .await??;
-    let transport = default_transport(&crate::kv_addr::transport_config(&config)?)
-        .context("starting the KV transport")?;
+    let transport_config = cleave_kv_transfer::TransportConfig {
+        tls: internal_tls.clone(),
+        ..crate::kv_addr::transport_config(&config)?
+    };
+    let transport = default_transport(&transport_config).context("starting the KV transport")?;
     let layout = KvLayout {
         n_layers: model.config.n_layers,
         n_kv_heads: model.local_kv_heads(),
@@ -184,6 +192,7 @@ pub async fn run(
         group_size,
         ranks,
         watch,
+        internal_tls,
         registry: Mutex::new(registry),
         ready: AtomicBool::new(false),
         failed: AtomicBool::new(false),
@@ -202,8 +211,13 @@ pub async fn run(
     // ACK (40 ms on Linux) is a stall in the client's stream.
     let grpc = tonic::transport::server::TcpIncoming::from_listener(grpc, true, None)
         .map_err(|e| anyhow::anyhow!(e))?;
-    let grpc_server =
-        tonic::transport::Server::builder().add_routes((service.routes)(state.clone()));
+    let mut grpc_server = tonic::transport::Server::builder();
+    if let Some(tls) = &state.internal_tls {
+        grpc_server = grpc_server
+            .tls_config(tls.grpc_server())
+            .context("the gRPC server's TLS settings")?;
+    }
+    let grpc_server = grpc_server.add_routes((service.routes)(state.clone()));
     let stop = serving.clone();
     let grpc_task = tokio::spawn(async move {
         grpc_server

@@ -1,129 +1,21 @@
 //! Disaggregated prefill and decode through real gRPC and the real KV transport (UCX when this
 //! build has it, and TCP), against the single-process engine's output.
 
+mod common;
+
 use std::time::Duration;
 
 use cleave_decode_worker::SERVICE as DECODE;
-use cleave_engine::engine::{Engine, EngineConfig, GenerateRequest, SeqEvent};
 use cleave_engine::gguf::default_model_path;
 use cleave_engine::kernels::Threads;
 use cleave_engine::load::Loaded;
-use cleave_engine::sample::SamplingParams;
 use cleave_kv_transfer::BackendChoice;
 use cleave_prefill_worker::SERVICE as PREFILL;
 use cleave_proto::v1 as pb;
 use cleave_proto::v1::decode_worker_client::DecodeWorkerClient;
 use cleave_worker::{run, Running, WorkerConfig};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use common::{config, generate, greedy, http_get, prompts, reference, settle};
 use tokio_util::sync::CancellationToken;
-
-fn config(transport: BackendChoice) -> WorkerConfig {
-    WorkerConfig {
-        model: default_model_path(),
-        grpc_addr: "127.0.0.1:0".parse().unwrap(),
-        http_addr: "127.0.0.1:0".parse().unwrap(),
-        kv_blocks: 128,
-        kv_dtype: Default::default(),
-        threads: 1,
-        runtime_threads: 2,
-        step_tokens: 32,
-        prefill_tokens_while_decoding: 0,
-        transport,
-        kv_listen: None,
-        kv_advertise: None,
-        prefill_timeout: Duration::from_secs(20),
-        local_fallback: true,
-        local_prefill_below_tokens: 0,
-        etcd: None,
-        etcd_prefix: "/cleave/workers/".into(),
-        advertise_addr: None,
-        etcd_lease_ttl: Duration::from_secs(10),
-        group: Default::default(),
-    }
-}
-
-fn greedy(n: u32) -> pb::SamplingParams {
-    pb::SamplingParams {
-        max_tokens: n,
-        ignore_eos: true,
-        top_p: 1.0,
-        ..Default::default()
-    }
-}
-
-async fn reference(prompt: &[u32], n: usize) -> Vec<u32> {
-    let l = Loaded::open(&default_model_path(), Threads::single()).unwrap();
-    let e = Engine::start(
-        l.model.clone(),
-        l.tokenizer.clone(),
-        EngineConfig::default(),
-    );
-    let params = SamplingParams {
-        max_tokens: n,
-        ignore_eos: true,
-        ..Default::default()
-    };
-    let (_, mut rx) = e
-        .submit(GenerateRequest::new(prompt.to_vec(), params))
-        .unwrap();
-    let mut ids = Vec::new();
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            SeqEvent::Token { id, .. } => ids.push(id),
-            SeqEvent::Done { .. } => break,
-            _ => {}
-        }
-    }
-    ids
-}
-
-async fn generate(
-    decode: &Running,
-    prompt: &[u32],
-    prefill: Option<&Running>,
-    n: u32,
-) -> (Vec<u32>, pb::Finished) {
-    let mut client = DecodeWorkerClient::connect(format!("http://{}", decode.grpc_addr))
-        .await
-        .unwrap();
-    let req = pb::GenerateRequest {
-        request_id: "test".into(),
-        prompt: prompt.to_vec(),
-        params: Some(greedy(n)),
-        prefill_endpoint: prefill.map(|p| format!("http://{}", p.grpc_addr)),
-        resume: Vec::new(),
-    };
-    let mut stream = client.generate(req).await.unwrap().into_inner();
-    let mut ids = Vec::new();
-    while let Some(ev) = stream.message().await.unwrap() {
-        match ev.event.unwrap() {
-            pb::generate_event::Event::Token(t) => ids.push(t.id),
-            pb::generate_event::Event::Finished(f) => return (ids, f),
-        }
-    }
-    panic!("stream ended without Finished");
-}
-
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out
-}
-
-async fn settle(w: &Running) -> cleave_engine::engine::EngineStats {
-    for _ in 0..400 {
-        let s = w.state.engine.stats();
-        if s.running == 0 && s.waiting == 0 && s.parked == 0 && s.held == 0 {
-            return s;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("worker did not settle: {:?}", w.state.engine.stats());
-}
 
 /// Waits until `w`'s engine is computing a sequence (the prefill has started).
 async fn wait_until_computing(w: &Running) {
@@ -134,15 +26,6 @@ async fn wait_until_computing(w: &Running) {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     panic!("the prefill never started: {:?}", w.state.engine.stats());
-}
-
-fn prompts() -> Vec<Vec<u32>> {
-    let l = Loaded::open(&default_model_path(), Threads::single()).unwrap();
-    let long = "Licensed under the Apache License, Version 2.0 (the \"License\"); you may not use this file except in compliance with the License. ".repeat(3);
-    vec![
-        l.tokenizer.encode("The capital of France is", false),
-        l.tokenizer.encode(&long, false),
-    ]
 }
 
 async fn disaggregated_equals_single_process(transport: BackendChoice) {

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 /// Plain-socket transport; always available.
@@ -43,8 +43,18 @@ pub(crate) struct Shared {
     regions: Mutex<HashMap<RegionId, Weak<RegionMem>>>,
     next_id: AtomicU64,
     /// Idle connections per peer, ready for the next transfer.
-    idle: Mutex<HashMap<SocketAddr, Vec<TcpStream>>>,
+    idle: Mutex<HashMap<SocketAddr, Vec<Conn>>>,
 }
+
+/// Longest a peer may take to finish the TLS handshake.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A byte stream to a peer: plain TCP, or mutual TLS over it ([`TransportConfig::tls`]).
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+
+/// One connection of either kind.
+type Conn = Box<dyn Stream>;
 
 impl TcpTransport {
     /// Binds the listener at `config.listen` and starts serving on the current tokio runtime.

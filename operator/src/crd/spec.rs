@@ -57,6 +57,26 @@ pub struct InferenceServiceSpec {
     /// Gateway API Inference Extension integration: an InferencePool and an endpoint picker.
     #[serde(default)]
     pub gateway: super::GatewaySpec,
+    /// Mutual TLS between the router and the workers and between workers (their gRPC and the
+    /// KV transport's TCP path); unset: plain inside the cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub internal_tls: Option<InternalTlsSpec>,
+}
+
+/// Where the internal mutual-TLS identity comes from.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct InternalTlsSpec {
+    /// A Secret in cert-manager's layout (`tls.crt`, `tls.key`, `ca.crt`; a cert-manager
+    /// Certificate's `secretName`). Every router and worker pod presents its certificate and
+    /// requires one issued by its CA from each peer.
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: String,
+    /// The DNS name in the certificate that peers are checked against (one certificate for the
+    /// whole service); unset: the pod IP dialled, which the certificate must then carry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub server_name: Option<String>,
 }
 
 /// The model and its source.
@@ -240,6 +260,11 @@ pub struct RouterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 1000000))]
     pub max_queue: Option<u32>,
+    /// Longest a request waits for a slot before a 429, seconds (the admission SLO; the
+    /// router refuses at once a request whose queue would not drain in time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub queue_timeout_seconds: Option<u32>,
     /// Service type of the router Service.
     #[serde(default)]
     pub service_type: ServiceType,
@@ -260,6 +285,7 @@ impl Default for RouterSpec {
             api_key_secret: None,
             max_in_flight: None,
             max_queue: None,
+            queue_timeout_seconds: None,
             service_type: ServiceType::default(),
             resources: None,
         }

@@ -117,6 +117,7 @@ fn worker_config(
     if let Some(b) = pool.kv_blocks {
         settings.push(("kv_blocks", b.to_string()));
     }
+    settings.extend(internal_tls_settings(isvc));
     let (mut env, _) = config::worker_env(&settings).map_err(|e| e.to_string())?;
     // UCX's default crash handler prints a backtrace from inside the signal handler, which
     // allocates: a crash inside malloc then hangs the pod instead of letting it restart. A pool's
@@ -131,6 +132,25 @@ fn worker_config(
         }
     }
     Ok(env)
+}
+
+/// The `--internal-tls-*` settings for the mounted Secret ([`pods::INTERNAL_TLS_DIR`]), when
+/// the spec asks for internal TLS (the same for the router and both pools).
+fn internal_tls_settings(isvc: &InferenceService) -> Vec<(&'static str, String)> {
+    use cleave_config::internal_tls::{SECRET_CA, SECRET_CERT, SECRET_KEY};
+    let Some(tls) = &isvc.spec.internal_tls else {
+        return Vec::new();
+    };
+    let file = |name: &str| format!("{}/{name}", pods::INTERNAL_TLS_DIR);
+    let mut settings = vec![
+        ("internal_tls_cert", file(SECRET_CERT)),
+        ("internal_tls_key", file(SECRET_KEY)),
+        ("internal_tls_ca", file(SECRET_CA)),
+    ];
+    if let Some(name) = &tls.server_name {
+        settings.push(("internal_tls_server_name", name.clone()));
+    }
+    settings
 }
 
 fn router_config(
@@ -153,9 +173,13 @@ fn router_config(
     if let Some(n) = r.max_queue {
         settings.push(("max_queue", n.to_string()));
     }
+    if let Some(n) = r.queue_timeout_seconds {
+        settings.push(("queue_timeout", format!("{n}s")));
+    }
     if let Some(s) = &r.api_key_secret {
         settings.push(("api_keys_file", format!("{}/{}", pods::API_KEYS_DIR, s.key)));
     }
+    settings.extend(internal_tls_settings(isvc));
     Ok(config::router_env(&settings).map_err(|e| e.to_string())?.0)
 }
 

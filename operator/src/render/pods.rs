@@ -25,6 +25,8 @@ pub const ROUTER_HTTP_PORT: i32 = 8000;
 pub const RUN_AS: i64 = 65532;
 /// Where the router's API-key file is mounted.
 pub const API_KEYS_DIR: &str = "/etc/cleave/api-keys";
+/// Where the internal mutual-TLS Secret is mounted in router and worker pods.
+pub const INTERNAL_TLS_DIR: &str = "/etc/cleave/internal-tls";
 /// Annotation carrying the hash of the pod's ConfigMap, so config changes roll pods.
 pub const CONFIG_HASH: &str = "serving.cleave.dev/config-hash";
 
@@ -108,6 +110,12 @@ pub fn worker_template(
     extra_labels: BTreeMap<String, String>,
 ) -> PodTemplateSpec {
     let name = isvc.metadata.name.clone().unwrap_or_default();
+    let mut mounts = vec![model.mount.clone()];
+    let mut volumes = vec![model.volume.clone()];
+    if let Some((volume, mount)) = internal_tls_volume(isvc) {
+        volumes.push(volume);
+        mounts.push(mount);
+    }
     let mut labels = names::pod_labels(&name, component);
     labels.extend(extra_labels);
     let p = &pool.parallelism;
@@ -137,7 +145,7 @@ pub fn worker_template(
             ..probe("/health", "http", 10)
         }),
         resources: pool.resources.clone(),
-        volume_mounts: Some(vec![model.mount.clone()]),
+        volume_mounts: Some(mounts),
         security_context: Some(container_security()),
         termination_message_policy: Some(LOG_ON_ERROR.into()),
         ..Default::default()
@@ -151,7 +159,7 @@ pub fn worker_template(
         spec: Some(PodSpec {
             init_containers: with_init(model),
             containers: vec![container],
-            volumes: Some(vec![model.volume.clone()]),
+            volumes: Some(volumes),
             node_selector: (!pool.node_selector.is_empty()).then(|| pool.node_selector.clone()),
             tolerations: (!pool.tolerations.is_empty()).then(|| pool.tolerations.clone()),
             security_context: Some(pod_security()),
@@ -234,7 +242,10 @@ pub fn router_template(
     let ns = isvc.metadata.namespace.clone().unwrap_or_default();
     let mut mounts = vec![model.mount.clone()];
     let mut volumes = vec![model.volume.clone()];
-    if let Some((volume, mount)) = api_keys_volume(isvc) {
+    for (volume, mount) in [api_keys_volume(isvc), internal_tls_volume(isvc)]
+        .into_iter()
+        .flatten()
+    {
         volumes.push(volume);
         mounts.push(mount);
     }
@@ -276,22 +287,38 @@ pub fn router_template(
 /// The API-key Secret's volume and its mount in a router container, when the spec names one.
 pub fn api_keys_volume(isvc: &InferenceService) -> Option<(Volume, VolumeMount)> {
     let secret = isvc.spec.router.api_key_secret.as_ref()?;
-    Some((
+    Some(secret_volume("api-keys", &secret.name, API_KEYS_DIR))
+}
+
+/// The internal mutual-TLS Secret's volume and its mount (router and worker pods alike), when
+/// the spec asks for internal TLS.
+pub fn internal_tls_volume(isvc: &InferenceService) -> Option<(Volume, VolumeMount)> {
+    let tls = isvc.spec.internal_tls.as_ref()?;
+    Some(secret_volume(
+        "internal-tls",
+        &tls.secret_name,
+        INTERNAL_TLS_DIR,
+    ))
+}
+
+/// Secret `secret` as volume `name`, mounted read-only at `dir`.
+fn secret_volume(name: &str, secret: &str, dir: &str) -> (Volume, VolumeMount) {
+    (
         Volume {
-            name: "api-keys".into(),
+            name: name.into(),
             secret: Some(SecretVolumeSource {
-                secret_name: Some(secret.name.clone()),
+                secret_name: Some(secret.into()),
                 ..Default::default()
             }),
             ..Default::default()
         },
         VolumeMount {
-            name: "api-keys".into(),
-            mount_path: API_KEYS_DIR.into(),
+            name: name.into(),
+            mount_path: dir.into(),
             read_only: Some(true),
             ..Default::default()
         },
-    ))
+    )
 }
 
 /// A `cleave-router` container named `name` serving the OpenAI API on [`ROUTER_HTTP_PORT`]

@@ -1,7 +1,7 @@
 use kube::api::ObjectMeta;
 
 use super::*;
-use crate::crd::{InferenceServiceSpec, Parallelism, PathSource, SecretKeyRef};
+use crate::crd::{InferenceServiceSpec, InternalTlsSpec, Parallelism, PathSource, SecretKeyRef};
 
 fn isvc(spec: InferenceServiceSpec) -> InferenceService {
     let mut i = InferenceService::new("chat", spec);
@@ -118,6 +118,7 @@ fn single_node_pools_become_deployments_with_contract_labels() {
 fn config_maps_hold_the_binaries_settings() {
     let mut s = spec();
     s.decode.kv_blocks = Some(128);
+    s.router.queue_timeout_seconds = Some(3);
     s.router.api_key_secret = Some(SecretKeyRef {
         name: "keys".into(),
         key: "list".into(),
@@ -141,6 +142,7 @@ fn config_maps_hold_the_binaries_settings() {
     let router = cm("chat-router");
     assert_eq!(router["CLEAVE_POLICY"], "prefix-optimistic");
     assert_eq!(router["CLEAVE_API_KEYS_FILE"], "/etc/cleave/api-keys/list");
+    assert_eq!(router["CLEAVE_QUEUE_TIMEOUT"], "3s");
     let r = deployment(&d, "chat-router");
     let args = r
         .spec
@@ -165,6 +167,73 @@ fn config_maps_hold_the_binaries_settings() {
             "app.kubernetes.io/instance=chat"
         ]
     );
+}
+
+#[test]
+fn internal_tls_mounts_the_secret_in_every_pod_and_sets_the_flags() {
+    let mounted = |d: &Desired, name: &str| {
+        let pod = deployment(d, name)
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .clone();
+        let pod = pod.unwrap();
+        let volume = pod
+            .volumes
+            .unwrap_or_default()
+            .into_iter()
+            .find(|v| v.name == "internal-tls")
+            .map(|v| v.secret.unwrap().secret_name.unwrap());
+        let mount = pod.containers[0]
+            .volume_mounts
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .find(|m| m.name == "internal-tls")
+            .map(|m| (m.mount_path, m.read_only));
+        (volume, mount)
+    };
+    let plain = desired(&isvc(spec()), &inputs()).unwrap();
+    let mut s = spec();
+    s.internal_tls = Some(InternalTlsSpec {
+        secret_name: "chat-internal".into(),
+        server_name: Some("chat.ml.svc".into()),
+    });
+    let d = desired(&isvc(s), &inputs()).unwrap();
+    for name in ["chat-router", "chat-prefill", "chat-decode"] {
+        assert_eq!(mounted(&plain, name), (None, None), "{name}");
+        assert_eq!(
+            mounted(&d, name),
+            (
+                Some("chat-internal".to_string()),
+                Some(("/etc/cleave/internal-tls".to_string(), Some(true)))
+            ),
+            "{name}"
+        );
+        let cm = d
+            .config_maps
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(name))
+            .unwrap()
+            .data
+            .clone()
+            .unwrap();
+        assert_eq!(
+            cm["CLEAVE_INTERNAL_TLS_CERT"],
+            "/etc/cleave/internal-tls/tls.crt"
+        );
+        assert_eq!(
+            cm["CLEAVE_INTERNAL_TLS_KEY"],
+            "/etc/cleave/internal-tls/tls.key"
+        );
+        assert_eq!(
+            cm["CLEAVE_INTERNAL_TLS_CA"],
+            "/etc/cleave/internal-tls/ca.crt"
+        );
+        assert_eq!(cm["CLEAVE_INTERNAL_TLS_SERVER_NAME"], "chat.ml.svc");
+    }
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! order, copying write payloads straight from the socket into the region.
 
 use super::wire::{Header, Op, Status, HEADER_LEN};
-use super::Shared;
+use super::{Conn, Shared, HANDSHAKE_TIMEOUT};
 use crate::region::RegionMem;
 use std::io;
 use std::sync::Arc;
@@ -29,7 +29,7 @@ pub(super) async fn serve(listener: TcpListener, shared: Arc<Shared>, stop: Canc
         tokio::spawn(async move {
             tokio::select! {
                 _ = stop.cancelled() => {}
-                result = connection(stream, &shared) => {
+                result = accept(stream, &shared) => {
                     if let Err(e) = result {
                         tracing::debug!(error = %e, "kv-transfer connection ended");
                     }
@@ -39,8 +39,24 @@ pub(super) async fn serve(listener: TcpListener, shared: Arc<Shared>, stop: Canc
     }
 }
 
-async fn connection(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
+/// Serves one accepted connection, after the TLS handshake when the transport has TLS.
+async fn accept(stream: TcpStream, shared: &Shared) -> io::Result<()> {
     stream.set_nodelay(true)?;
+    let stream: Conn = match &shared.config.tls {
+        None => Box::new(stream),
+        Some(tls) => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls.server());
+            let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+            match handshake.await {
+                Ok(tls) => Box::new(tls?),
+                Err(_) => return Err(io::Error::new(io::ErrorKind::TimedOut, "TLS handshake")),
+            }
+        }
+    };
+    connection(stream, shared).await
+}
+
+async fn connection(mut stream: Conn, shared: &Shared) -> io::Result<()> {
     loop {
         let mut raw = [0u8; HEADER_LEN];
         match stream.read_exact(&mut raw).await {
@@ -81,6 +97,8 @@ async fn connection(mut stream: TcpStream, shared: &Shared) -> io::Result<()> {
             (Op::Read | Op::Ping, Err(status)) => stream.write_all(&[status as u8]).await?,
             (Op::Ping, Ok(_)) => stream.write_all(&[Status::Ok as u8]).await?,
         }
+        // TLS buffers records; the peer waits for this reply.
+        stream.flush().await?;
     }
 }
 

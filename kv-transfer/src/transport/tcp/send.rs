@@ -6,7 +6,7 @@
 //! cleared and the transfer is retried once on a fresh connection; transfers are idempotent.
 
 use super::wire::{Header, Op, Status, HEADER_LEN};
-use super::Shared;
+use super::{Conn, Shared, HANDSHAKE_TIMEOUT};
 use crate::transport::{bounded, Backend};
 use crate::{plan, Error, RegionDescriptor, RegionHandle, Run, Side, TransferStats, WriteOp};
 use std::io;
@@ -130,7 +130,7 @@ async fn with_connection(
     }
 }
 
-fn take_idle(shared: &Shared, peer: SocketAddr) -> Option<TcpStream> {
+fn take_idle(shared: &Shared, peer: SocketAddr) -> Option<Conn> {
     shared
         .idle
         .lock()
@@ -139,7 +139,7 @@ fn take_idle(shared: &Shared, peer: SocketAddr) -> Option<TcpStream> {
         .pop()
 }
 
-fn put_idle(shared: &Shared, peer: SocketAddr, stream: TcpStream) {
+fn put_idle(shared: &Shared, peer: SocketAddr, stream: Conn) {
     shared
         .idle
         .lock()
@@ -149,7 +149,7 @@ fn put_idle(shared: &Shared, peer: SocketAddr, stream: TcpStream) {
         .push(stream);
 }
 
-async fn connect(shared: &Shared, peer: SocketAddr) -> Result<TcpStream, Error> {
+async fn connect(shared: &Shared, peer: SocketAddr) -> Result<Conn, Error> {
     let unreachable = |source| Error::PeerUnreachable {
         peer: peer.to_string(),
         source,
@@ -159,11 +159,23 @@ async fn connect(shared: &Shared, peer: SocketAddr) -> Result<TcpStream, Error> 
         .map_err(|_| unreachable(io::Error::new(io::ErrorKind::TimedOut, "connect timed out")))?
         .map_err(unreachable)?;
     stream.set_nodelay(true).map_err(unreachable)?;
-    Ok(stream)
+    let Some(tls) = &shared.config.tls else {
+        return Ok(Box::new(stream));
+    };
+    let connector = tokio_rustls::TlsConnector::from(tls.client());
+    let handshake = connector.connect(tls.server_name(peer.ip()), stream);
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+        Ok(Ok(tls)) => Ok(Box::new(tls)),
+        Ok(Err(e)) => Err(unreachable(e)),
+        Err(_) => Err(unreachable(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "TLS handshake timed out",
+        ))),
+    }
 }
 
 async fn exchange(
-    stream: &mut TcpStream,
+    stream: &mut Conn,
     dir: Direction,
     remote: &RegionDescriptor,
     runs: &[Run],
@@ -218,10 +230,7 @@ async fn exchange(
     Ok(first_error.map_or(Ok(()), Err))
 }
 
-async fn ping_on(
-    stream: &mut TcpStream,
-    remote: &RegionDescriptor,
-) -> io::Result<Result<(), Error>> {
+async fn ping_on(stream: &mut Conn, remote: &RegionDescriptor) -> io::Result<Result<(), Error>> {
     let header = Header {
         op: Op::Ping,
         region: remote.id,
@@ -229,11 +238,12 @@ async fn ping_on(
         len: 0,
     };
     stream.write_all(&header.encode()).await?;
+    stream.flush().await?;
     read_status(stream, remote).await
 }
 
 async fn read_status(
-    stream: &mut TcpStream,
+    stream: &mut Conn,
     remote: &RegionDescriptor,
 ) -> io::Result<Result<(), Error>> {
     let mut b = [0u8; 1];
