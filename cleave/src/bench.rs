@@ -469,6 +469,7 @@ pub fn ttft_breakdown(
             advertise_addr: None,
             etcd_lease_ttl: Duration::from_secs(10),
             group: Default::default(),
+            internal_tls: Default::default(),
         };
         let stop = tokio_util::sync::CancellationToken::new();
         let prefill = run(cleave_prefill_worker::SERVICE, config.clone(), stop.clone()).await?;

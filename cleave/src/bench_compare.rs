@@ -2,6 +2,7 @@
 //! each started with `cleave up` (a child process of this executable), then the ratios —
 //! only between configurations with equal compute ([`resources`]) unless `--allow-unequal`.
 
+mod llama;
 pub mod resources;
 
 use std::io::{BufRead, BufReader};
@@ -38,6 +39,16 @@ pub struct CompareArgs {
     /// configuration runs all its points before the next starts.
     #[arg(long)]
     pub interleave: bool,
+    /// Add llama.cpp's server (this `llama-server` binary) as a configuration on the same model
+    /// file, with the first configuration's compute threads.
+    #[arg(long, env = "CLEAVE_LLAMA_SERVER")]
+    pub llama_server: Option<PathBuf>,
+    /// llama-server's parallel slots (default: the largest `--concurrency`, at least 1).
+    #[arg(long)]
+    pub llama_parallel: Option<usize>,
+    /// llama-server's context per slot, tokens.
+    #[arg(long, default_value_t = 2048)]
+    pub llama_ctx_per_slot: usize,
     /// GGUF model for every configuration (default: the cached default model).
     #[arg(long, env = "CLEAVE_MODEL")]
     pub model_path: Option<PathBuf>,
@@ -59,11 +70,14 @@ pub fn parse_config(s: &str) -> anyhow::Result<(String, Vec<String>)> {
 }
 
 /// A running `cleave up`, stopped (SIGTERM, then SIGKILL) when dropped.
-struct Up {
-    child: Child,
-    base: String,
+pub(crate) struct Up {
+    pub(crate) child: Child,
+    /// The API's base URL (`http://127.0.0.1:PORT/v1`).
+    pub(crate) base: String,
     /// (role, metrics URL) of every worker.
-    workers: Vec<(String, String)>,
+    pub(crate) workers: Vec<(String, String)>,
+    /// The fleet's output after start-up, line by line (`Err`: stderr, where the logs go).
+    pub(crate) log: Option<mpsc::Receiver<Result<String, String>>>,
 }
 
 impl Drop for Up {
@@ -86,7 +100,7 @@ impl Drop for Up {
 }
 
 /// Starts `cleave up --port 0 --model MODEL FLAGS` and waits until it serves.
-fn start(model: &str, flags: &[String]) -> anyhow::Result<Up> {
+pub(crate) fn start(model: &str, flags: &[String]) -> anyhow::Result<Up> {
     let exe = std::env::current_exe().context("finding the cleave executable")?;
     let mut child = Command::new(exe)
         .args(["up", "--port", "0", "--model", model])
@@ -115,6 +129,7 @@ fn start(model: &str, flags: &[String]) -> anyhow::Result<Up> {
         child,
         base: String::new(),
         workers: Vec::new(),
+        log: None,
     };
     let mut log = Vec::new();
     loop {
@@ -126,6 +141,7 @@ fn start(model: &str, flags: &[String]) -> anyhow::Result<Up> {
                         .next()
                         .unwrap_or_default()
                         .to_string();
+                    up.log = Some(rx);
                     return Ok(up);
                 }
             }
@@ -169,9 +185,34 @@ pub fn bench_compare(args: CompareArgs) -> anyhow::Result<()> {
             ),
         }
     }
+    if let Some(path) = &args.llama_server {
+        anyhow::ensure!(
+            path.is_file(),
+            "--llama-server {}: no such file (build llama.cpp's llama-server, or leave the flag out)",
+            path.display()
+        );
+        let threads = resources::declared(&configs[0].1)?.compute_threads;
+        let parallel = args
+            .llama_parallel
+            .or_else(|| args.load.concurrency.iter().copied().max())
+            .unwrap_or(1)
+            .max(1);
+        let ctx = args.llama_ctx_per_slot * parallel;
+        configs.push((
+            llama::NAME.into(),
+            llama::flags(path, threads, parallel, ctx),
+        ));
+    }
     let declared: Vec<Resources> = configs
         .iter()
-        .map(|(name, flags)| resources::declared(flags).with_context(|| format!("--config {name}")))
+        .map(|(name, flags)| {
+            if llama::is_llama(flags) {
+                llama::declared(flags, resources::own_cores())
+            } else {
+                resources::declared(flags)
+            }
+            .with_context(|| format!("--config {name}"))
+        })
         .collect::<anyhow::Result<_>>()?;
     let named: Vec<(&str, Option<&Resources>)> = configs
         .iter()
@@ -210,18 +251,32 @@ pub fn bench_compare(args: CompareArgs) -> anyhow::Result<()> {
     let bring_up = |i: usize| -> anyhow::Result<(Up, RunConfig, Header)> {
         let (name, flags) = &configs[i];
         eprintln!("== {name}: cleave up {}", flags.join(" "));
-        let up = start(&model_arg, flags)?;
-        let res = resources::measure(&declared[i], up.child.id(), &up.workers);
+        let llama = llama::is_llama(flags);
+        let (up, res) = if llama {
+            (llama::start(&model_arg, flags)?, declared[i].clone())
+        } else {
+            let up = start(&model_arg, flags)?;
+            let res = resources::measure(&declared[i], up.child.id(), &up.workers);
+            (up, res)
+        };
         eprintln!("   resources: {}", res.to_text());
         let base = up.base.trim_end_matches('/').to_string();
         let root = base.strip_suffix("/v1").unwrap_or(&base).to_string();
         let (cfg, header) = rt.block_on(async {
             let served = bench_serve::served_model(&base).await?;
             let mut header = bench_serve::workload_header(&args.load, &loads, &first, desc.clone());
-            header.endpoint = format!("{base} (cleave up {})", flags.join(" "));
+            header.endpoint = if llama {
+                format!("{base} (llama-server {})", flags[1])
+            } else {
+                format!("{base} (cleave up {})", flags.join(" "))
+            };
             header.model = served.clone();
             header.quantization = guess_quantization(&file);
-            header.kv_dtype = "f32 (cleave's worker default)".into();
+            header.kv_dtype = if llama {
+                "f16 (llama.cpp's default)".into()
+            } else {
+                "f32 (cleave's worker default)".into()
+            };
             header.context_limit = context.clone();
             header.resources = Some(res);
             let target = Target {

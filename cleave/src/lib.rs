@@ -5,6 +5,7 @@ pub mod bench;
 pub mod bench_collectives;
 pub mod bench_compare;
 pub mod bench_index;
+pub mod bench_overload;
 pub mod bench_route;
 pub mod bench_serve;
 pub mod bench_structured;
@@ -14,6 +15,7 @@ pub mod generate;
 pub mod http;
 pub mod load;
 pub mod score;
+pub mod soak;
 pub mod up;
 
 use std::path::PathBuf;
@@ -52,6 +54,10 @@ pub enum Command {
     /// the GGUF parser and the chat templates; fails when any case panics, hangs or gets an
     /// answer outside the protocol.
     Fuzz(fuzz::FuzzArgs),
+    /// Mixed traffic through a local `cleave up` for a long time while a random worker is
+    /// killed and restarted every few minutes: every request ends, KV blocks return to zero,
+    /// no panic (a non-zero exit otherwise).
+    Soak(Box<soak::SoakArgs>),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -109,6 +115,9 @@ pub enum BenchCommand {
     Serve(Box<bench_serve::ServeArgs>),
     /// The same workload against several local `cleave up` configurations, with ratios.
     Compare(Box<bench_compare::CompareArgs>),
+    /// Open-loop load at a multiple of the measured capacity through a local `cleave up`:
+    /// admitted TTFT against the admission SLO, 429s, peak RSS, and recovery afterwards.
+    Overload(Box<bench_overload::OverloadArgs>),
     /// All-reduce and all-to-all bandwidth of local rank processes per message size, next to
     /// memcpy, over each transport.
     Collectives(bench_collectives::CollectivesArgs),
@@ -185,6 +194,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Chat(args) => generate::chat(args),
         Command::Score(args) => score::score(args),
         Command::Fuzz(args) => fuzz::fuzz(args),
+        Command::Soak(args) => soak::soak(*args),
         Command::Bench { command } => match command {
             BenchCommand::Engine(args) => bench::bench_engine(args),
             BenchCommand::Structured(args) => bench_structured::bench_structured(args),
@@ -193,6 +203,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             BenchCommand::Index(args) => bench_index::bench_index(args),
             BenchCommand::Serve(args) => bench_serve::bench_serve(*args),
             BenchCommand::Compare(args) => bench_compare::bench_compare(*args),
+            BenchCommand::Overload(args) => bench_overload::bench_overload(*args),
             BenchCommand::Collectives(args) => bench_collectives::bench_collectives(args),
             BenchCommand::CollectivesRank(args) => bench_collectives::bench_rank(args),
         },

@@ -66,6 +66,22 @@ pub struct UpArgs {
     /// Require client certificates from these PEM CA certificates (mutual TLS).
     #[arg(long)]
     pub tls_client_ca: Option<PathBuf>,
+    /// Admission (passed to the router): requests running at once.
+    #[arg(long)]
+    pub max_in_flight: Option<usize>,
+    /// Admission: requests waiting for a slot; beyond this, 429.
+    #[arg(long)]
+    pub max_queue: Option<usize>,
+    /// Admission: longest wait for a slot before a 429 (e.g. `2s`).
+    #[arg(long)]
+    pub queue_timeout: Option<String>,
+    /// Restart a worker that exits, at the same address (as a group is restarted), instead of
+    /// shutting everything down.
+    #[arg(long)]
+    pub restart_workers: bool,
+    /// Mutual TLS between the processes (gRPC and the KV transport's TCP path), passed to each.
+    #[command(flatten)]
+    pub internal_tls: cleave_config::internal_tls::InternalTlsArgs,
 }
 
 impl UpArgs {
@@ -245,6 +261,7 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         if let Some(ep) = args.ep {
             a.extend(["--ep".to_string(), ep.to_string()]);
         }
+        a.extend(args.internal_tls.flags());
         a
     };
     let mut router_args: Vec<String> = [
@@ -270,26 +287,40 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
             router_args.extend([flag.to_string(), f.display().to_string()]);
         }
     }
+    router_args.extend(args.internal_tls.flags());
+    for (flag, value) in [
+        ("--max-in-flight", args.max_in_flight.map(|n| n.to_string())),
+        ("--max-queue", args.max_queue.map(|n| n.to_string())),
+        ("--queue-timeout", args.queue_timeout.clone()),
+    ] {
+        if let Some(v) = value {
+            router_args.extend([flag.to_string(), v]);
+        }
+    }
     let tls = args.tls_cert.is_some();
     let mut groups = Vec::new();
     for (role, n) in [("prefill", args.prefill), ("decode", args.decode)] {
         for i in 0..n {
-            let addrs = if group_size == 1 {
+            let addrs = if group_size == 1 && !args.restart_workers {
                 spawn(&mut fleet, &format!("{role}-{i}"), &worker(role))?
             } else {
+                // A supervised worker (a "group" of one) or a group of ranks, at fixed ports.
+                let argvs = if group_size == 1 {
+                    vec![fixed_ports(worker(role))?]
+                } else {
+                    let base = [
+                        worker(role),
+                        vec![
+                            "--group-transport".into(),
+                            args.group_transport.as_str().into(),
+                        ],
+                    ]
+                    .concat();
+                    group_argvs(base, group_size)?
+                };
                 let mut g = Group {
                     name: format!("{role}-{i}"),
-                    argvs: group_argvs(
-                        [
-                            worker(role),
-                            vec![
-                                "--group-transport".into(),
-                                args.group_transport.as_str().into(),
-                            ],
-                        ]
-                        .concat(),
-                        group_size,
-                    )?,
+                    argvs,
                     members: Vec::new(),
                 };
                 let addrs = start_group(&mut fleet, &mut g)?;
@@ -348,7 +379,7 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
                             continue;
                         };
                         if let Ok(Some(status)) = c.try_wait() {
-                            eprintln!("{name} exited ({status}); restarting its group");
+                            eprintln!("{name} exited ({status}); restarting its worker");
                             failed_groups.push(g);
                         }
                     }
@@ -368,16 +399,30 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A free loopback port (a restarted process binds it again).
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// `base` with fixed gRPC and HTTP ports, so a restarted worker comes back where the router
+/// knows it.
+fn fixed_ports(mut base: Vec<String>) -> anyhow::Result<Vec<String>> {
+    base.extend([
+        "--grpc-addr".to_string(),
+        format!("127.0.0.1:{}", free_port()?),
+        "--http-addr".into(),
+        format!("127.0.0.1:{}", free_port()?),
+    ]);
+    Ok(base)
+}
+
 /// The argv of each rank of a group: fixed gRPC/HTTP ports for the leader (a restarted group
 /// comes back at the address the router knows), a fresh group port.
 fn group_argvs(base: Vec<String>, tp: usize) -> anyhow::Result<Vec<Vec<String>>> {
-    let port = || -> anyhow::Result<u16> {
-        Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port())
-    };
-    let leader = format!("127.0.0.1:{}", port()?);
-    let (grpc, http) = (port()?, port()?);
+    let leader = format!("127.0.0.1:{}", free_port()?);
+    let (grpc, http) = (free_port()?, free_port()?);
     Ok((0..tp)
         .map(|rank| {
             let mut a = base.clone();

@@ -40,7 +40,8 @@ fn group_size(up: &UpArgs) -> anyhow::Result<usize> {
 
 /// The cores this process may run on (inherited by the fleet it starts), and whether that is
 /// fewer than the machine has online.
-fn own_cores() -> (String, bool) {
+/// The cores this process may run on (Linux CPU list) and whether that is fewer than online.
+pub fn own_cores() -> (String, bool) {
     let allowed = status_field(Path::new("/proc/self/status"), "Cpus_allowed_list:");
     cores_of(allowed.as_deref().into_iter())
 }
@@ -141,8 +142,8 @@ impl Proc {
     }
 }
 
-/// The descendants of `pid` (the fleet under one `cleave up`), read from `/proc`.
-pub fn fleet_processes(proc_root: &Path, pid: u32) -> Vec<Proc> {
+/// The pids of `pid`'s descendants (the fleet under one `cleave up`), read from `/proc`.
+pub fn descendants(proc_root: &Path, pid: u32) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir(proc_root) else {
         return Vec::new();
     };
@@ -169,12 +170,30 @@ pub fn fleet_processes(proc_root: &Path, pid: u32) -> Vec<Proc> {
         );
         i += 1;
     }
-    fleet[1..]
+    fleet.split_off(1)
+}
+
+/// Whether process `pid` is a worker (`cleave worker ...`), not the router.
+pub fn is_worker(proc_root: &Path, pid: u32) -> bool {
+    let cmdline =
+        std::fs::read(proc_root.join(pid.to_string()).join("cmdline")).unwrap_or_default();
+    cmdline.split(|&b| b == 0).nth(1) == Some(b"worker".as_slice())
+}
+
+/// Resident memory of process `pid`, bytes (None: gone).
+pub fn rss_bytes(proc_root: &Path, pid: u32) -> Option<u64> {
+    let v = status_field(&proc_root.join(pid.to_string()).join("status"), "VmRSS:")?;
+    let kb: u64 = v.split_whitespace().next()?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// The processes of the fleet under `pid` (one `cleave up`), read from `/proc`.
+pub fn fleet_processes(proc_root: &Path, pid: u32) -> Vec<Proc> {
+    descendants(proc_root, pid)
         .iter()
         .map(|p| {
             let dir = proc_root.join(p.to_string());
-            let cmdline = std::fs::read(dir.join("cmdline")).unwrap_or_default();
-            let worker = cmdline.split(|&b| b == 0).nth(1) == Some(b"worker".as_slice());
+            let worker = is_worker(proc_root, *p);
             let matmul_threads = std::fs::read_dir(dir.join("task"))
                 .map(|ts| {
                     ts.flatten()

@@ -389,6 +389,7 @@ fn config(model: PathBuf) -> WorkerConfig {
         advertise_addr: None,
         etcd_lease_ttl: Duration::from_secs(10),
         group: Default::default(),
+        internal_tls: Default::default(),
     }
 }
 
