@@ -187,9 +187,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 cleave_worker::Role::Decode => cleave_decode_worker::SERVICE,
                 cleave_worker::Role::Prefill => cleave_prefill_worker::SERVICE,
             };
-            cleave_worker::serve_until_signal(service, args.config)
+            Ok(cleave_worker::serve_until_signal(service, args.config)?)
         }
-        Command::Router(config) => cleave_router::serve::serve_until_signal(config),
+        Command::Router(config) => Ok(cleave_router::serve::serve_until_signal(config)?),
         Command::Generate(args) => generate::generate(args),
         Command::Chat(args) => generate::chat(args),
         Command::Score(args) => score::score(args),

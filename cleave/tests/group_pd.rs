@@ -125,8 +125,16 @@ async fn rank_to_rank(transport: &str, ns: Option<&Netns>) {
             ..Default::default()
         }),
         destination: Some(pb::KvDestination {
-            worker_address: br#"{"tcp":"127.0.0.1:9"}"#.to_vec(),
-            region: br#"{"owner":"127.0.0.1:9","id":1,"len":1048576}"#.to_vec(),
+            worker_address: Some(pb::KvWorkerAddress {
+                tcp: "127.0.0.1:9".into(),
+                ucx: None,
+            }),
+            region: Some(pb::KvRegion {
+                owner: "127.0.0.1:9".into(),
+                id: 1,
+                len: 1 << 20,
+                ucx: None,
+            }),
             blocks: (0..prompts[0].len().div_ceil(16) as u32).collect(),
             block_bytes: 0,
             skip_blocks: 0,

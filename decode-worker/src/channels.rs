@@ -10,6 +10,17 @@ use tonic::transport::Channel;
 /// More endpoints than this (pods come and go) and the cache starts over.
 const MAX_ENDPOINTS: usize = 256;
 
+/// A prefill endpoint that is not a URI the channel can dial.
+#[derive(Debug, thiserror::Error)]
+#[error("prefill endpoint {endpoint:?}: {source}")]
+pub struct BadEndpoint {
+    /// The endpoint as the router sent it.
+    pub endpoint: String,
+    /// Why it does not parse.
+    #[source]
+    pub source: tonic::transport::Error,
+}
+
 /// Prefill workers' channels by endpoint.
 #[derive(Default)]
 pub struct Channels {
@@ -28,13 +39,16 @@ impl Channels {
     }
 
     /// The channel to `endpoint` (`http://host:port`), made on first use; connects lazily.
-    pub fn get(&self, endpoint: &str) -> Result<Channel, String> {
+    pub fn get(&self, endpoint: &str) -> Result<Channel, BadEndpoint> {
         let mut map = self.by_endpoint.lock().expect("channels lock");
         if let Some(c) = map.get(endpoint) {
             return Ok(c.clone());
         }
         let channel = cleave_tls::grpc_endpoint(endpoint, self.tls.as_ref())
-            .map_err(|e| format!("prefill endpoint {endpoint:?}: {e}"))?
+            .map_err(|source| BadEndpoint {
+                endpoint: endpoint.to_string(),
+                source,
+            })?
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true)
             .connect_lazy();
@@ -64,6 +78,7 @@ mod tests {
         c.get("http://127.0.0.1:2").unwrap();
         assert_eq!(c.len(), 2);
         let err = c.get("not a uri\n").unwrap_err();
-        assert!(err.contains("prefill endpoint"), "{err}");
+        assert_eq!(err.endpoint, "not a uri\n");
+        assert!(err.to_string().starts_with("prefill endpoint "), "{err}");
     }
 }

@@ -13,7 +13,8 @@ use cleave_proto::v1::prefill_worker_client::PrefillWorkerClient;
 
 use cleave_worker::WorkerState;
 
-use crate::channels::Channels;
+use crate::channels::{BadEndpoint, Channels};
+use cleave_worker::convert::kv;
 
 /// What to ask the prefill worker for.
 pub struct Job {
@@ -25,6 +26,20 @@ pub struct Job {
     pub traceparent: Option<String>,
     pub blocks: Vec<cleave_engine::kv::BlockId>,
     pub cached_tokens: usize,
+}
+
+/// Why a remote prefill failed (the sequence then falls back to a local prefill, or aborts).
+#[derive(Debug, thiserror::Error)]
+pub enum PrefillError {
+    /// The router named an endpoint that is not a URI.
+    #[error(transparent)]
+    Endpoint(#[from] BadEndpoint),
+    /// The prefill worker answered with an error (or could not be reached).
+    #[error("prefill worker: {}", .0.message())]
+    Call(#[from] tonic::Status),
+    /// No answer in time (`--prefill-timeout`).
+    #[error("prefill worker did not answer within {0:?}")]
+    Timeout(std::time::Duration),
 }
 
 /// How a successful remote prefill went: compute and transfer-tail seconds as the prefill
@@ -46,11 +61,7 @@ pub async fn run(
     let started = Instant::now();
     let timeout = state.config.prefill_timeout;
     let result = tokio::time::timeout(timeout, call(&state, &channels, &job)).await;
-    let outcome = match result {
-        Ok(Ok(resp)) => Ok(resp),
-        Ok(Err(e)) => Err(e),
-        Err(_) => Err(format!("prefill worker did not answer within {timeout:?}")),
-    };
+    let outcome = result.unwrap_or(Err(PrefillError::Timeout(timeout)));
     match outcome {
         Ok(resp) => {
             state.metrics.disaggregated.inc();
@@ -89,30 +100,24 @@ async fn call(
     state: &WorkerState,
     channels: &Channels,
     job: &Job,
-) -> Result<pb::PrefillResponse, String> {
+) -> Result<pb::PrefillResponse, PrefillError> {
     let mut client = PrefillWorkerClient::new(channels.get(&job.endpoint)?);
-    let address =
-        serde_json::to_vec(&state.transport.local_address()).map_err(|e| e.to_string())?;
-    let region = serde_json::to_vec(&state.region.descriptor()).map_err(|e| e.to_string())?;
     let bs = state.layout.block_size;
     let ranks = state
         .ranks
         .iter()
-        .map(|r| {
-            Ok(pb::KvRankRegion {
-                worker_address: serde_json::to_vec(&r.address)?,
-                region: serde_json::to_vec(&r.region)?,
-            })
+        .map(|r| pb::KvRankRegion {
+            worker_address: Some(kv::address_to_wire(&r.address)),
+            region: Some(kv::region_to_wire(&r.region)),
         })
-        .collect::<Result<Vec<_>, serde_json::Error>>()
-        .map_err(|e| e.to_string())?;
+        .collect();
     let req = pb::PrefillRequest {
         request_id: job.request_id.clone(),
         prompt: job.prompt.clone(),
         params: Some(cleave_worker::convert::sampling_to_wire(&job.params)),
         destination: Some(pb::KvDestination {
-            worker_address: address,
-            region,
+            worker_address: Some(kv::address_to_wire(&state.transport.local_address())),
+            region: Some(kv::region_to_wire(&state.region.descriptor())),
             blocks: job.blocks.iter().map(|b| b.0).collect(),
             block_bytes: state.layout.block_bytes() as u64,
             skip_blocks: (job.cached_tokens / bs) as u32,
@@ -126,9 +131,5 @@ async fn call(
     if let Some(Ok(v)) = job.traceparent.as_deref().map(str::parse) {
         request.metadata_mut().insert("traceparent", v);
     }
-    client
-        .prefill(request)
-        .await
-        .map(|r| r.into_inner())
-        .map_err(|s| format!("prefill worker: {}", s.message()))
+    Ok(client.prefill(request).await?.into_inner())
 }

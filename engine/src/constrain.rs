@@ -44,6 +44,45 @@ pub enum Constraint {
     },
 }
 
+/// Why a constraint does not compile, or why decoding under it cannot go on.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ConstraintError {
+    /// A JSON schema that is neither an object nor `true`.
+    #[error("a JSON schema must be an object")]
+    SchemaNotObject,
+    /// A choice constraint with no alternatives.
+    #[error("choice needs at least one string")]
+    EmptyChoice,
+    /// The vocabulary has no token that could end a finished grammar.
+    #[error("the tokenizer has no end-of-sequence token")]
+    NoEos,
+    /// Tokens beyond the model's logits could never be masked.
+    #[error("the tokenizer has {tokens} tokens but the model only {logits} logits")]
+    VocabExceedsLogits {
+        /// The tokenizer's vocabulary size.
+        tokens: usize,
+        /// The model's logits per position.
+        logits: usize,
+    },
+    /// llguidance refused the grammar (its message: regex, schema or Lark syntax).
+    #[error("{0}")]
+    Grammar(String),
+    /// llguidance could not compute the next mask.
+    #[error("{0}")]
+    Mask(String),
+    /// The grammar allows no next token: nothing could be sampled.
+    #[error("the grammar allows no next token")]
+    NoNextToken,
+    /// A token (the first one of a disaggregated request, say) the grammar does not accept.
+    #[error("token {token} does not fit the grammar: {reason}")]
+    Rejected {
+        /// The token.
+        token: u32,
+        /// llguidance's reason.
+        reason: String,
+    },
+}
+
 /// How JSON is laid out under a schema: one space after `,` and `:`, no other whitespace (as
 /// Python's `json.dumps` writes it). Free whitespace lets a small model fill `max_tokens` with
 /// newlines; OpenAI's structured outputs are compact too.
@@ -56,7 +95,7 @@ fn json_layout() -> serde_json::Value {
 }
 
 /// `schema` with cleave's JSON layout, unless the schema sets its own `x-guidance` options.
-fn with_layout(schema: &serde_json::Value) -> Result<serde_json::Value, String> {
+fn with_layout(schema: &serde_json::Value) -> Result<serde_json::Value, ConstraintError> {
     let mut s = schema.clone();
     match &mut s {
         serde_json::Value::Object(m) => {
@@ -64,13 +103,13 @@ fn with_layout(schema: &serde_json::Value) -> Result<serde_json::Value, String> 
             Ok(s)
         }
         serde_json::Value::Bool(true) => Ok(serde_json::json!({"x-guidance": json_layout()})),
-        _ => Err("a JSON schema must be an object".into()),
+        _ => Err(ConstraintError::SchemaNotObject),
     }
 }
 
 /// `schema` as a Lark `%json` rule body with cleave's JSON layout, for grammars that embed JSON
 /// (e.g. tool-call arguments).
-pub fn lark_json(schema: &serde_json::Value) -> Result<String, String> {
+pub fn lark_json(schema: &serde_json::Value) -> Result<String, ConstraintError> {
     Ok(format!("%json {}", with_layout(schema)?))
 }
 
@@ -81,7 +120,7 @@ pub fn lark_literal(s: &str) -> String {
 
 impl Constraint {
     /// The llguidance grammar of this constraint.
-    fn grammar(&self) -> Result<TopLevelGrammar, String> {
+    fn grammar(&self) -> Result<TopLevelGrammar, ConstraintError> {
         Ok(match self {
             Constraint::JsonObject => TopLevelGrammar::from_json_schema(with_layout(
                 &serde_json::json!({"type": "object"}),
@@ -93,7 +132,7 @@ impl Constraint {
             Constraint::Lark { grammar } => TopLevelGrammar::from_lark(grammar.clone()),
             Constraint::Choice { choices } => {
                 if choices.is_empty() {
-                    return Err("choice needs at least one string".into());
+                    return Err(ConstraintError::EmptyChoice);
                 }
                 let alts: Vec<String> = choices.iter().map(|c| lark_literal(c)).collect();
                 TopLevelGrammar::from_lark(format!("start: {}", alts.join(" | ")))
@@ -138,11 +177,11 @@ impl std::fmt::Debug for Grammars {
 impl Grammars {
     /// The compiler for `tok`'s vocabulary. A finished grammar ends with the tokenizer's
     /// end-of-sequence token (or its first end-of-generation token).
-    pub fn new(tok: &Tokenizer) -> Result<Self, String> {
+    pub fn new(tok: &Tokenizer) -> Result<Self, ConstraintError> {
         let eos = tok
             .eos()
             .or_else(|| tok.eog_ids().first().copied())
-            .ok_or("the tokenizer has no end-of-sequence token")?;
+            .ok_or(ConstraintError::NoEos)?;
         let words: Vec<Vec<u8>> = (0..tok.vocab_size() as u32)
             .map(|id| {
                 let b = tok.token_bytes(id);
@@ -166,21 +205,22 @@ impl Grammars {
         let env = Arc::new(TokenEnv {
             trie: TokTrie::from(&info, &words),
         });
-        let mut factory = ParserFactory::new_simple(&(env as _)).map_err(|e| e.to_string())?;
+        let mut factory = ParserFactory::new_simple(&(env as _))
+            .map_err(|e| ConstraintError::Grammar(e.to_string()))?;
         factory.quiet();
         Ok(Grammars { factory })
     }
 
     /// A fresh matcher for `c`, or why `c` does not compile.
-    pub fn compile(&self, c: &Constraint) -> Result<ConstraintState, String> {
+    pub fn compile(&self, c: &Constraint) -> Result<ConstraintState, ConstraintError> {
         let grammar = c.grammar()?;
         let parser = self
             .factory
             .create_parser(grammar)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| ConstraintError::Grammar(e.to_string()))?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
-            return Err(e);
+            return Err(ConstraintError::Grammar(e));
         }
         Ok(ConstraintState {
             matcher,
@@ -196,7 +236,7 @@ pub struct LazyGrammars {
     /// The model's logits per position, when known: a vocabulary larger than that cannot be
     /// masked.
     logits: Option<usize>,
-    cell: OnceLock<Result<Arc<Grammars>, String>>,
+    cell: OnceLock<Result<Arc<Grammars>, ConstraintError>>,
 }
 
 impl LazyGrammars {
@@ -211,20 +251,22 @@ impl LazyGrammars {
     }
 
     /// The compiler, or why there is none for this vocabulary.
-    pub fn get(&self) -> Result<Arc<Grammars>, String> {
+    pub fn get(&self) -> Result<Arc<Grammars>, ConstraintError> {
         self.cell
             .get_or_init(|| match self.logits {
-                Some(n) if self.tokenizer.vocab_size() > n => Err(format!(
-                    "the tokenizer has {} tokens but the model only {n} logits",
-                    self.tokenizer.vocab_size()
-                )),
+                Some(logits) if self.tokenizer.vocab_size() > logits => {
+                    Err(ConstraintError::VocabExceedsLogits {
+                        tokens: self.tokenizer.vocab_size(),
+                        logits,
+                    })
+                }
                 _ => Grammars::new(&self.tokenizer).map(Arc::new),
             })
             .clone()
     }
 
     /// A fresh matcher for `c`, or why `c` does not compile.
-    pub fn compile(&self, c: &Constraint) -> Result<ConstraintState, String> {
+    pub fn compile(&self, c: &Constraint) -> Result<ConstraintState, ConstraintError> {
         self.get()?.compile(c)
     }
 }
@@ -233,7 +275,7 @@ impl LazyGrammars {
 pub struct ConstraintState {
     matcher: Matcher,
     /// The allowed next tokens, once computed for this step.
-    mask: Option<Result<SimpleVob, String>>,
+    mask: Option<Result<SimpleVob, ConstraintError>>,
 }
 
 impl std::fmt::Debug for ConstraintState {
@@ -258,28 +300,35 @@ impl ConstraintState {
     /// another thread while the forward pass runs.
     pub fn prepare_mask(&mut self) {
         if self.mask.is_none() {
-            self.mask = Some(self.matcher.compute_mask().map_err(|e| e.to_string()));
+            self.mask = Some(
+                self.matcher
+                    .compute_mask()
+                    .map_err(|e| ConstraintError::Mask(e.to_string())),
+            );
         }
     }
 
     /// The allowed next tokens (computing them now if [`Self::prepare_mask`] did not), or
     /// why there are none. An empty mask is an error: nothing could be sampled.
-    pub fn take_mask(&mut self) -> Result<SimpleVob, String> {
+    pub fn take_mask(&mut self) -> Result<SimpleVob, ConstraintError> {
         self.prepare_mask();
         let m = self.mask.take().expect("prepared above")?;
         if m.is_zero() {
-            return Err("the grammar allows no next token".into());
+            return Err(ConstraintError::NoNextToken);
         }
         Ok(m)
     }
 
     /// Advances the grammar over `tok` (sampled under the mask, or the first token of a
     /// disaggregated request).
-    pub fn consume(&mut self, tok: u32) -> Result<Progress, String> {
+    pub fn consume(&mut self, tok: u32) -> Result<Progress, ConstraintError> {
         self.mask = None;
         self.matcher
             .consume_token(tok)
-            .map_err(|e| format!("token {tok} does not fit the grammar: {e}"))?;
+            .map_err(|e| ConstraintError::Rejected {
+                token: tok,
+                reason: e.to_string(),
+            })?;
         Ok(if self.matcher.is_stopped() {
             Progress::Finished
         } else {

@@ -12,11 +12,12 @@ use std::thread::JoinHandle;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
-use crate::constrain::{ConstraintState, LazyGrammars};
+use crate::collective::CollectiveError;
+use crate::constrain::{ConstraintError, ConstraintState, LazyGrammars};
 use crate::kv::memory::{KvCache, KvDtype, KvLayout};
 use crate::kv::{BlockId, KvEventRecord, PoolStats};
 use crate::model::Model;
-use crate::sample::{SamplingParams, TokenLogprob};
+use crate::sample::{ParamError, SamplingParams, TokenLogprob};
 use crate::schedule::{SchedulerConfig, SchedulerCounters, SeqId};
 
 pub use crate::schedule::PrefillMode;
@@ -132,6 +133,17 @@ pub enum SeqEvent {
     },
 }
 
+/// Why a relay to a worker group's followers failed.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum RelayError {
+    /// The engine thread has stopped.
+    #[error("the engine stopped")]
+    Stopped,
+    /// The group's collective failed (the engine fails with it).
+    #[error(transparent)]
+    Collective(#[from] CollectiveError),
+}
+
 /// Errors submitting a request.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -150,13 +162,26 @@ pub enum EngineError {
     },
     /// A sampling parameter is out of range.
     #[error("invalid sampling parameters: {0}")]
-    BadParams(String),
+    BadParams(#[from] ParamError),
+    /// Resumed tokens (a migrated request) on a request not prefilled here.
+    #[error("a resumed request is prefilled locally")]
+    ResumeNotLocal,
+    /// Resumed tokens that already reach `max_tokens`.
+    #[error(
+        "{resumed} tokens to resume from, max_tokens {max_tokens}: nothing is left to generate"
+    )]
+    NothingToResume {
+        /// Tokens to resume from.
+        resumed: usize,
+        /// The request's max_tokens.
+        max_tokens: usize,
+    },
     /// A token id is outside the vocabulary.
     #[error("token id {0} is outside the vocabulary")]
     BadToken(u32),
     /// The request's output constraint (schema, regex, grammar) does not compile.
     #[error("invalid constraint: {0}")]
-    BadConstraint(String),
+    BadConstraint(#[from] ConstraintError),
     /// The engine thread has stopped.
     #[error("the engine has shut down")]
     Stopped,
@@ -234,7 +259,7 @@ pub(crate) enum Command {
     Relay {
         payload: Vec<u8>,
         reply: bool,
-        done: tokio::sync::oneshot::Sender<Result<f32, String>>,
+        done: tokio::sync::oneshot::Sender<Result<f32, RelayError>>,
     },
     ReadBlocks {
         blocks: Vec<BlockId>,
@@ -363,16 +388,13 @@ impl Engine {
         }
         if !req.resume.is_empty() {
             if req.mode != PrefillMode::Local {
-                return Err(EngineError::BadParams(
-                    "a resumed request is prefilled locally".into(),
-                ));
+                return Err(EngineError::ResumeNotLocal);
             }
             if req.resume.len() >= req.params.max_tokens {
-                return Err(EngineError::BadParams(format!(
-                    "{} tokens to resume from, max_tokens {}: nothing is left to generate",
-                    req.resume.len(),
-                    req.params.max_tokens
-                )));
+                return Err(EngineError::NothingToResume {
+                    resumed: req.resume.len(),
+                    max_tokens: req.params.max_tokens,
+                });
             }
         }
         if req.prompt.len() + req.params.max_tokens > self.limit {
@@ -432,7 +454,7 @@ impl Engine {
     /// (see [`run_follower_with`]). With `reply` the result is the sum of the followers'
     /// statuses (0: every follower succeeded); without, `Ok(0.0)` once it was sent. A single
     /// process has no followers: `Ok(0.0)`. A failed collective fails the engine.
-    pub async fn group_relay(&self, payload: Vec<u8>, reply: bool) -> Result<f32, String> {
+    pub async fn group_relay(&self, payload: Vec<u8>, reply: bool) -> Result<f32, RelayError> {
         let (done, rx) = tokio::sync::oneshot::channel();
         self.tx
             .send(Command::Relay {
@@ -440,8 +462,8 @@ impl Engine {
                 reply,
                 done,
             })
-            .map_err(|_| "the engine stopped".to_string())?;
-        rx.await.map_err(|_| "the engine stopped".to_string())?
+            .map_err(|_| RelayError::Stopped)?;
+        rx.await.map_err(|_| RelayError::Stopped)?
     }
 
     /// Copies the bytes of `blocks` (each `block_bytes` long, in order) out of the KV region,

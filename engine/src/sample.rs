@@ -56,28 +56,59 @@ impl SamplingParams {
     }
 
     /// Checks value ranges; the error names the field.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ParamError> {
         if !(0.0..=2.0).contains(&self.temperature) || self.temperature.is_nan() {
-            return Err(format!(
-                "temperature must be in [0, 2], got {}",
-                self.temperature
-            ));
+            return Err(ParamError::Temperature(self.temperature));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
+            return Err(ParamError::TopP(self.top_p));
         }
         if self.max_tokens == 0 {
-            return Err("max_tokens must be at least 1".into());
+            return Err(ParamError::MaxTokens);
         }
         if let Some(n) = self.logprobs {
             if n > 20 {
-                return Err(format!("top_logprobs must be at most 20, got {n}"));
+                return Err(ParamError::TopLogprobs(n));
             }
         }
         if self.stop.iter().any(|s| s.is_empty()) {
-            return Err("stop strings must not be empty".into());
+            return Err(ParamError::EmptyStop);
         }
         Ok(())
+    }
+}
+
+/// A sampling parameter out of its range; the message names the field as the OpenAI API
+/// spells it.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ParamError {
+    /// `temperature` outside [0, 2] (or NaN).
+    #[error("temperature must be in [0, 2], got {0}")]
+    Temperature(f32),
+    /// `top_p` outside (0, 1].
+    #[error("top_p must be in (0, 1], got {0}")]
+    TopP(f32),
+    /// `max_tokens` of 0.
+    #[error("max_tokens must be at least 1")]
+    MaxTokens,
+    /// `top_logprobs` above 20.
+    #[error("top_logprobs must be at most 20, got {0}")]
+    TopLogprobs(usize),
+    /// An empty stop string.
+    #[error("stop strings must not be empty")]
+    EmptyStop,
+}
+
+impl ParamError {
+    /// The request field at fault, as the OpenAI API names it (an error's `param`).
+    pub fn field(&self) -> &'static str {
+        match self {
+            ParamError::Temperature(_) => "temperature",
+            ParamError::TopP(_) => "top_p",
+            ParamError::MaxTokens => "max_tokens",
+            ParamError::TopLogprobs(_) => "top_logprobs",
+            ParamError::EmptyStop => "stop",
+        }
     }
 }
 
@@ -362,12 +393,14 @@ mod tests {
             top_p: 0.0,
             ..Default::default()
         };
-        assert!(bad.validate().unwrap_err().contains("top_p"));
+        assert_eq!(bad.validate(), Err(ParamError::TopP(bad.top_p)));
         let bad = SamplingParams {
             temperature: 3.0,
             ..Default::default()
         };
-        assert!(bad.validate().unwrap_err().contains("temperature"));
+        assert_eq!(bad.validate(), Err(ParamError::Temperature(3.0)));
+        assert!(ParamError::TopP(0.0).to_string().starts_with("top_p "));
+        assert_eq!(ParamError::TopP(0.0).field(), "top_p");
     }
 
     #[test]

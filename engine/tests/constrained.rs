@@ -261,7 +261,10 @@ async fn bad_constraints_are_refused_and_endless_ones_stop_at_max_tokens() {
     for (c, needle) in bad {
         let r = e.submit(GenerateRequest::new(prompt("x"), constrained(c.clone(), 8)));
         match r {
-            Err(EngineError::BadConstraint(msg)) => assert!(msg.contains(needle), "{c:?}: {msg}"),
+            Err(EngineError::BadConstraint(e)) => {
+                let msg = e.to_string();
+                assert!(msg.contains(needle), "{c:?}: {msg}")
+            }
             other => panic!("{c:?} was not refused: {:?}", other.map(|_| ())),
         }
     }

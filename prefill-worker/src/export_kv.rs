@@ -6,12 +6,13 @@ use std::time::Instant;
 
 use cleave_engine::engine::{GenerateRequest, PrefillMode, SeqEvent};
 use cleave_engine::schedule::SeqId;
-use cleave_kv_transfer::{RegionDescriptor, WorkerAddress, WriteOp};
+use cleave_kv_transfer::WriteOp;
 use cleave_proto::v1 as pb;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
+use cleave_worker::convert::kv;
 use cleave_worker::rank_kv::{RankRegion, Relay};
 use cleave_worker::WorkerState;
 
@@ -39,26 +40,33 @@ impl Drop for Guard<'_> {
 }
 
 /// Every decode rank's region, indexed by rank; the decode group must be as large as ours.
+#[allow(clippy::result_large_err)] // tonic's Status is the handler's error type
 fn targets(
     dest: &pb::KvDestination,
     rank0: &RankRegion,
     group_size: usize,
-) -> Result<Vec<RankRegion>, String> {
+) -> Result<Vec<RankRegion>, Status> {
     let decode_size = dest.ranks.len() + 1;
     if decode_size != group_size {
-        return Err(format!(
+        return Err(bad(&format!(
             "the decode worker is a group of {decode_size} rank(s) and this prefill worker of \
              {group_size}: rank-to-rank KV transfer needs both groups to have the same \
              tensor-parallel size (--tp)"
-        ));
+        )));
     }
     let mut all = vec![rank0.clone()];
     for (i, r) in dest.ranks.iter().enumerate() {
         all.push(RankRegion {
-            address: serde_json::from_slice(&r.worker_address)
-                .map_err(|e| format!("ranks[{i}].worker_address: {e}"))?,
-            region: serde_json::from_slice(&r.region)
-                .map_err(|e| format!("ranks[{i}].region: {e}"))?,
+            address: kv::address_from_wire(
+                r.worker_address.as_ref(),
+                &format!("destination.ranks[{i}].worker_address"),
+            )
+            .map_err(|e| bad(&e.to_string()))?,
+            region: kv::region_from_wire(
+                r.region.as_ref(),
+                &format!("destination.ranks[{i}].region"),
+            )
+            .map_err(|e| bad(&e.to_string()))?,
         });
     }
     Ok(all)
@@ -86,21 +94,18 @@ pub async fn run(
     if dest.blocks.len() < req.prompt.len().div_ceil(state.layout.block_size) {
         return Err(bad("destination has fewer blocks than the prompt needs"));
     }
-    let peer: WorkerAddress = serde_json::from_slice(&dest.worker_address)
-        .map_err(|e| bad(&format!("worker_address: {e}")))?;
-    let remote: RegionDescriptor =
-        serde_json::from_slice(&dest.region).map_err(|e| bad(&format!("region: {e}")))?;
-    let targets = Arc::new(
-        targets(
-            &dest,
-            &RankRegion {
-                address: peer.clone(),
-                region: remote.clone(),
-            },
-            state.group_size,
-        )
-        .map_err(|e| bad(&e))?,
-    );
+    let peer = kv::address_from_wire(dest.worker_address.as_ref(), "destination.worker_address")
+        .map_err(|e| bad(&e.to_string()))?;
+    let remote = kv::region_from_wire(dest.region.as_ref(), "destination.region")
+        .map_err(|e| bad(&e.to_string()))?;
+    let targets = Arc::new(targets(
+        &dest,
+        &RankRegion {
+            address: peer.clone(),
+            region: remote.clone(),
+        },
+        state.group_size,
+    )?);
     let mut params = cleave_worker::convert::sampling(req.params)?;
     params.max_tokens = 1;
     let started = Instant::now();
@@ -123,7 +128,7 @@ pub async fn run(
     let skip = dest.skip_blocks as usize;
     let peer = Arc::new(peer);
     let remote = Arc::new(remote);
-    let mut writes: JoinSet<Result<u64, String>> = JoinSet::new();
+    let mut writes: JoinSet<Result<u64, cleave_kv_transfer::Error>> = JoinSet::new();
     let (mut first, mut lease, mut compute_done) = (None, None, None);
     let mut cached_tokens = 0;
     let mut sent_blocks = 0u64;
@@ -171,7 +176,6 @@ pub async fn run(
                     t.write(&peer, &remote, &ops, &local, c)
                         .await
                         .map(|s| s.bytes)
-                        .map_err(|e| e.to_string())
                 });
                 cleave_worker::fault::point("prefill.kv_blocks_sent", sent_blocks);
             }

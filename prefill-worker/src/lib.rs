@@ -28,7 +28,7 @@ pub const SERVICE: RoleService = RoleService {
 pub async fn run(
     config: cleave_worker::WorkerConfig,
     shutdown: tokio_util::sync::CancellationToken,
-) -> anyhow::Result<cleave_worker::Running> {
+) -> Result<cleave_worker::Running, cleave_worker::WorkerError> {
     cleave_worker::run(SERVICE, config, shutdown).await
 }
 

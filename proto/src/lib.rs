@@ -18,7 +18,7 @@ pub mod convert {
 
     /// The engine's sampling parameters from the wire (`top_p` 0 means unset); validation is
     /// the caller's (`SamplingParams::validate`). Fails only on a JSON schema that is not JSON.
-    pub fn sampling_from_wire(p: pb::SamplingParams) -> Result<SamplingParams, String> {
+    pub fn sampling_from_wire(p: pb::SamplingParams) -> Result<SamplingParams, WireError> {
         let constraint = p.constraint.map(constraint_from_wire).transpose()?;
         Ok(SamplingParams {
             temperature: p.temperature,
@@ -34,19 +34,29 @@ pub mod convert {
         })
     }
 
-    fn constraint_from_wire(c: pb::Constraint) -> Result<Constraint, String> {
+    fn constraint_from_wire(c: pb::Constraint) -> Result<Constraint, WireError> {
         use pb::constraint::Kind;
         Ok(match c.kind {
-            None => return Err("constraint: no kind is set".into()),
+            None => return Err(WireError::ConstraintKind),
             Some(Kind::JsonObject(_)) => Constraint::JsonObject,
             Some(Kind::JsonSchema(s)) => Constraint::JsonSchema {
-                schema: serde_json::from_str(&s)
-                    .map_err(|e| format!("constraint.json_schema is not JSON: {e}"))?,
+                schema: serde_json::from_str(&s).map_err(WireError::SchemaNotJson)?,
             },
             Some(Kind::Regex(pattern)) => Constraint::Regex { pattern },
             Some(Kind::Lark(grammar)) => Constraint::Lark { grammar },
             Some(Kind::Choice(c)) => Constraint::Choice { choices: c.choices },
         })
+    }
+
+    /// A wire message the engine's types cannot hold.
+    #[derive(Debug, thiserror::Error)]
+    pub enum WireError {
+        /// A `Constraint` with none of its `kind` set.
+        #[error("constraint: no kind is set")]
+        ConstraintKind,
+        /// `constraint.json_schema` that does not parse.
+        #[error("constraint.json_schema is not JSON: {0}")]
+        SchemaNotJson(#[source] serde_json::Error),
     }
 
     fn constraint_to_wire(c: &Constraint) -> pb::Constraint {
@@ -134,10 +144,12 @@ pub mod convert {
                 logprobs: Some(2),
                 constraint: None,
             };
-            assert_eq!(sampling_from_wire(sampling_to_wire(&p)), Ok(p.clone()));
+            assert_eq!(sampling_from_wire(sampling_to_wire(&p)).unwrap(), p);
             assert_eq!(
-                sampling_from_wire(pb::SamplingParams::default()).map(|p| p.top_p),
-                Ok(1.0)
+                sampling_from_wire(pb::SamplingParams::default())
+                    .unwrap()
+                    .top_p,
+                1.0
             );
             let constraints = [
                 Constraint::JsonObject,
@@ -159,7 +171,7 @@ pub mod convert {
                     constraint: Some(c),
                     ..p.clone()
                 };
-                assert_eq!(sampling_from_wire(sampling_to_wire(&q)), Ok(q));
+                assert_eq!(sampling_from_wire(sampling_to_wire(&q)).unwrap(), q);
             }
         }
 
@@ -172,7 +184,8 @@ pub mod convert {
                 ..Default::default()
             };
             let e = sampling_from_wire(p).unwrap_err();
-            assert!(e.contains("constraint.json_schema"), "{e}");
+            assert!(matches!(e, WireError::SchemaNotJson(_)), "{e}");
+            assert!(e.to_string().starts_with("constraint.json_schema "), "{e}");
         }
     }
 }

@@ -5,7 +5,9 @@ pub use cleave_config::router::*;
 pub use cleave_config::ConfigError;
 
 /// The engine pods of `--kv-events` mode.
-pub fn engine_pods(config: &RouterConfig) -> Result<Vec<crate::events::PodSpec>, String> {
+pub fn engine_pods(
+    config: &RouterConfig,
+) -> Result<Vec<crate::events::PodSpec>, crate::events::PodSpecError> {
     let defaults = crate::events::PodDefaults {
         events_port: config.kv_events_port,
         replay_port: config.kv_events_replay_port,
@@ -27,14 +29,14 @@ pub enum ValidateError {
     Flags(#[from] ConfigError),
     /// A `--kv-events-pod` does not parse.
     #[error("--kv-events-pod: {0}")]
-    Pod(String),
+    Pod(#[from] crate::events::PodSpecError),
 }
 
 /// [`RouterConfig::validate`], and in `--kv-events` mode the pods' specs too.
 pub fn validate(config: &RouterConfig) -> Result<(), ValidateError> {
     config.validate()?;
     if config.kv_events.is_some() {
-        engine_pods(config).map_err(ValidateError::Pod)?;
+        engine_pods(config)?;
     }
     Ok(())
 }

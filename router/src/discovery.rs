@@ -7,7 +7,7 @@ use std::sync::Arc;
 use cleave_kv_index::WorkerId;
 use tokio_util::sync::CancellationToken;
 
-use crate::dispatch::Cluster;
+use crate::dispatch::{BadEndpoint, Cluster};
 use crate::place::Role;
 
 pub mod etcd;
@@ -23,7 +23,7 @@ pub trait Discovery: Send + 'static {
         self: Box<Self>,
         cluster: Arc<Cluster>,
         shutdown: CancellationToken,
-    ) -> Result<(), String>;
+    ) -> Result<(), BadEndpoint>;
 }
 
 /// A fixed list of workers.
@@ -38,12 +38,10 @@ impl Discovery for Static {
         self: Box<Self>,
         cluster: Arc<Cluster>,
         shutdown: CancellationToken,
-    ) -> Result<(), String> {
+    ) -> Result<(), BadEndpoint> {
         for (i, (role, endpoint)) in self.workers.into_iter().enumerate() {
             let id = WorkerId(i as u64);
-            cluster
-                .add(id, role, &endpoint)
-                .map_err(|e| format!("worker endpoint {endpoint:?}: {e}"))?;
+            cluster.add(id, role, &endpoint)?;
             tokio::spawn(crate::watch::follow(cluster.clone(), id, shutdown.clone()));
         }
         Ok(())

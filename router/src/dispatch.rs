@@ -213,13 +213,12 @@ impl Cluster {
     }
 
     /// Adds (or replaces) a worker; it takes part in placement once it is healthy.
-    pub fn add(
-        &self,
-        id: WorkerId,
-        role: Role,
-        endpoint: &str,
-    ) -> Result<(), tonic::transport::Error> {
-        let channel = cleave_tls::grpc_endpoint(endpoint, self.tls.as_ref())?
+    pub fn add(&self, id: WorkerId, role: Role, endpoint: &str) -> Result<(), BadEndpoint> {
+        let channel = cleave_tls::grpc_endpoint(endpoint, self.tls.as_ref())
+            .map_err(|source| BadEndpoint {
+                endpoint: endpoint.to_string(),
+                source,
+            })?
             .connect_timeout(std::time::Duration::from_secs(2))
             .connect_lazy();
         self.workers.lock().expect("workers").insert(
@@ -312,6 +311,18 @@ impl Drop for Reservation {
 /// Migrations per request by default: how many times a stream whose decode worker failed
 /// mid-stream is moved to another one.
 pub use cleave_config::router::DEFAULT_MIGRATION_LIMIT;
+
+/// A worker endpoint the router cannot make a channel to (not a URI, or TLS settings it
+/// cannot take).
+#[derive(Debug, thiserror::Error)]
+#[error("worker endpoint {endpoint:?}: {source}")]
+pub struct BadEndpoint {
+    /// The endpoint as configured or discovered.
+    pub endpoint: String,
+    /// Why no channel could be made.
+    #[source]
+    pub source: tonic::transport::Error,
+}
 
 /// The dispatcher: a [`Backend`] over the cluster's workers.
 pub struct Dispatcher {

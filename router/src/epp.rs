@@ -23,7 +23,6 @@ pub mod scrape;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use anyhow::Context;
 use cleave_engine::load::ModelText;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
 use tokio_util::sync::CancellationToken;
@@ -31,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::RouterConfig;
 use crate::dispatch::Cluster;
 use crate::place::{BuildPolicy, PlaceConfig};
+use crate::RouterError;
 use pick::{PickConfig, Picker, Text};
 use pool::{Backend, Member, Pool};
 use scrape::{PromptBlocks, ScrapeConfig};
@@ -42,16 +42,21 @@ pub struct Running {
     /// The pool picked from (tests inspect it).
     pub pool: Arc<Pool>,
     /// Ends when the server stops.
-    pub task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    pub task: tokio::task::JoinHandle<Result<(), RouterError>>,
 }
 
 /// Starts the endpoint picker until `shutdown`; returns once the pool is listed and the gRPC
 /// server listens.
-pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::Result<Running> {
+pub async fn run(
+    config: RouterConfig,
+    shutdown: CancellationToken,
+) -> Result<Running, RouterError> {
     config.validate()?;
     let epp = &config.epp;
-    let model = ModelText::open(&config.model)
-        .with_context(|| format!("reading {}", config.model.display()))?;
+    let model = ModelText::open(&config.model).map_err(|source| RouterError::Model {
+        path: config.model.clone(),
+        source,
+    })?;
     let text = Text {
         tokenizer: model.tokenizer,
         template: model.template,
@@ -86,7 +91,7 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
     if let Some(name) = epp.pool.as_deref().filter(|p| !p.trim().is_empty()) {
         let client = kube::Client::try_default()
             .await
-            .context("a Kubernetes client (in-cluster config or KUBECONFIG)")?;
+            .map_err(RouterError::KubeClient)?;
         let mut source =
             inference_pool::KubePool::new(client, config.kube_namespace.as_deref(), name);
         source.relist_every = config.kube_relist;
@@ -95,7 +100,11 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
         source
             .start(pool.clone(), shutdown.clone())
             .await
-            .with_context(|| format!("following InferencePool {name:?} in {namespace:?}"))?;
+            .map_err(|source| RouterError::InferencePool {
+                name: name.to_string(),
+                namespace,
+                source,
+            })?;
     }
     let place = PlaceConfig {
         disagg_min_uncached_blocks: usize::MAX,
@@ -115,28 +124,34 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
     let (_reporter, health) = health::service(true).await;
     let listener = tokio::net::TcpListener::bind(epp.epp_listen)
         .await
-        .context("binding the endpoint picker address")?;
-    let addr = listener.local_addr()?;
+        .map_err(|source| RouterError::Bind {
+            what: "endpoint picker",
+            addr: epp.epp_listen,
+            source,
+        })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| RouterError::Grpc(e.into()))?;
     tracing::info!(%addr, policy = ?config.policy, members = pool.destinations().len(), "endpoint picker listening");
     let service =
         ExternalProcessorServer::new(process::EndpointPicker::new(picker, epp.max_body_bytes));
     // Nagle off: picks are small messages Envoy waits for.
     let incoming = tonic::transport::server::TcpIncoming::from_listener(listener, true, None)
-        .map_err(|e| anyhow::anyhow!(e))?;
+        .map_err(RouterError::Grpc)?;
     let task = tokio::spawn(async move {
         tonic::transport::Server::builder()
             .add_service(health)
             .add_service(service)
             .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
-            .await?;
-        Ok(())
+            .await
+            .map_err(|e| RouterError::Grpc(e.into()))
     });
     Ok(Running { addr, pool, task })
 }
 
 /// Serves until Ctrl-C or SIGTERM, printing `{"grpc":"addr"}` on stdout once listening.
-pub fn serve_until_signal(config: RouterConfig) -> anyhow::Result<()> {
-    let rt = cleave_telemetry::runtime(config.runtime_threads)?;
+pub fn serve_until_signal(config: RouterConfig) -> Result<(), RouterError> {
+    let rt = cleave_telemetry::runtime(config.runtime_threads).map_err(RouterError::Runtime)?;
     rt.block_on(async move {
         let shutdown = CancellationToken::new();
         let running = run(config, shutdown.clone()).await?;

@@ -22,7 +22,7 @@ pub mod wire;
 
 pub use chain::{ChainConfig, PodChains};
 pub use feed::{FeedStats, PodFeed, SeqStep};
-pub use pool::{PodDefaults, PodSpec, Pool};
+pub use pool::{PodDefaults, PodSpec, PodSpecError, Pool, PoolError};
 pub use subscribe::Source;
 pub use wire::{Batch, BlockStored, EngineEvent, EngineHash, WireError};
 
@@ -38,8 +38,8 @@ pub fn start_pool(
     place: &crate::place::PlaceConfig,
     model: String,
     shutdown: tokio_util::sync::CancellationToken,
-) -> anyhow::Result<Pool> {
-    let pods = crate::config::engine_pods(config).map_err(anyhow::Error::msg)?;
+) -> Result<Pool, PoolError> {
+    let pods = crate::config::engine_pods(config)?;
     let place = crate::place::PlaceConfig {
         disagg_min_uncached_blocks: usize::MAX,
         ..place.clone()
@@ -51,8 +51,7 @@ pub fn start_pool(
         config.policy.build(&place),
         model,
         shutdown,
-    )
-    .map_err(anyhow::Error::msg)?;
+    )?;
     tracing::info!(kind = ?config.kv_events, pods = pods.len(), policy = ?config.policy, "routing to engine pods");
     Ok(pool)
 }

@@ -35,6 +35,7 @@ pub mod config;
 pub mod discovery;
 pub mod dispatch;
 pub mod epp;
+mod error;
 pub mod events;
 pub mod keys;
 pub mod place;
@@ -42,3 +43,5 @@ pub mod serve;
 pub mod sim;
 pub mod tls;
 pub mod watch;
+
+pub use error::RouterError;

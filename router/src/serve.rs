@@ -9,8 +9,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use cleave_engine::load::ModelText;
+use cleave_telemetry::error_chain;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -25,6 +25,7 @@ use crate::dispatch::{Cluster, Dispatcher};
 use crate::keys::{KeyMetrics, Keys};
 use crate::place::{BuildPolicy, PlaceConfig, Role};
 use crate::tls::TlsReloader;
+use crate::RouterError;
 
 /// A started router.
 pub struct Running {
@@ -33,7 +34,7 @@ pub struct Running {
     /// The placement state (tests inspect it).
     pub cluster: Arc<Cluster>,
     /// Ends when the server stops.
-    pub task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    pub task: tokio::task::JoinHandle<Result<(), RouterError>>,
     /// The TLS identity when serving HTTPS (tests watch its reloads).
     pub tls: Option<Arc<TlsReloader>>,
     /// The API keys when `--api-keys-file` is set (tests watch their reloads).
@@ -41,11 +42,16 @@ pub struct Running {
 }
 
 /// Starts the router until `shutdown`; returns once it listens.
-pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::Result<Running> {
+pub async fn run(
+    config: RouterConfig,
+    shutdown: CancellationToken,
+) -> Result<Running, RouterError> {
     // The effective configuration (flags, environment and defaults), once.
     tracing::info!(config = ?config, "router configuration");
-    let text = ModelText::open(&config.model)
-        .with_context(|| format!("reading {}", config.model.display()))?;
+    let text = ModelText::open(&config.model).map_err(|source| RouterError::Model {
+        path: config.model.clone(),
+        source,
+    })?;
     let (tokenizer, template, max_context) = (text.tokenizer, text.template, text.max_context);
     let model_name = config
         .served_model_name
@@ -57,17 +63,16 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
         None => None,
         Some(p) => {
             let key_metrics = config.key_metrics.then(|| KeyMetrics::new(&mut registry));
-            let keys = Keys::load(p, key_metrics).context("--api-keys-file")?;
+            let keys = Keys::load(p, key_metrics)?;
             tracing::info!(keys = keys.len(), file = %p.display(), "API keys loaded");
             Some(Arc::new(keys))
         }
     };
     let tls = match config.tls_files()? {
         None => None,
-        Some(files) => Some(Arc::new(TlsReloader::load(files).context("TLS")?)),
+        Some(files) => Some(Arc::new(TlsReloader::load(files)?)),
     };
-    let internal_tls =
-        cleave_tls::Mutual::from_args(&config.internal_tls).context("internal TLS")?;
+    let internal_tls = cleave_tls::Mutual::from_args(&config.internal_tls)?;
     let cluster = Arc::new(Cluster::for_policy(config.policy).with_internal_tls(internal_tls));
     let mut workers: Vec<(Role, String)> = config
         .prefill
@@ -76,29 +81,29 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
         .collect();
     workers.extend(config.decode.iter().map(|e| (Role::Decode, e.clone())));
     crate::config::validate(&config)?;
-    Box::new(Static { workers })
-        .start(cluster.clone(), shutdown.clone())
-        .map_err(anyhow::Error::msg)?;
+    Box::new(Static { workers }).start(cluster.clone(), shutdown.clone())?;
     let etcd = config.etcd_endpoints();
     if !etcd.is_empty() {
         let discovery = Etcd::connect(&etcd, &config.etcd_prefix)
             .await
-            .with_context(|| format!("etcd discovery at {}", etcd.join(",")))?;
-        Box::new(discovery)
-            .start(cluster.clone(), shutdown.clone())
-            .map_err(anyhow::Error::msg)?;
+            .map_err(|source| RouterError::Etcd {
+                endpoints: etcd.join(","),
+                source: Box::new(source),
+            })?;
+        Box::new(discovery).start(cluster.clone(), shutdown.clone())?;
         tracing::info!(endpoints = %etcd.join(","), prefix = %config.etcd_prefix, "etcd discovery started");
     }
     if config.kubernetes() {
         let selector = config.kube_selector.as_deref().unwrap_or_default();
         let mut discovery = Kube::connect(config.kube_namespace.as_deref(), selector)
             .await
-            .with_context(|| format!("kubernetes discovery of pods {selector:?}"))?;
+            .map_err(|source| RouterError::Kube {
+                selector: selector.to_string(),
+                source: Box::new(source),
+            })?;
         discovery.relist_every = config.kube_relist;
         let namespace = discovery.namespace().to_string();
-        Box::new(discovery)
-            .start(cluster.clone(), shutdown.clone())
-            .map_err(anyhow::Error::msg)?;
+        Box::new(discovery).start(cluster.clone(), shutdown.clone())?;
         tracing::info!(%namespace, %selector, "kubernetes discovery started");
     }
     let place = PlaceConfig {
@@ -144,8 +149,12 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
     });
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
-        .context("binding the API address")?;
-    let addr = listener.local_addr()?;
+        .map_err(|source| RouterError::Bind {
+            what: "API",
+            addr: config.listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(RouterError::Serve)?;
     tracing::info!(%addr, policy = ?config.policy, https = tls.is_some(), "router listening");
     let app = crate::api::router(state);
     spawn_reloads(
@@ -156,8 +165,9 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
     );
     let task = match tls.clone() {
         Some(tls) => tokio::spawn(async move {
-            crate::tls::serve(listener, app, tls, shutdown).await?;
-            Ok(())
+            crate::tls::serve(listener, app, tls, shutdown)
+                .await
+                .map_err(RouterError::Serve)
         }),
         None => tokio::spawn(async move {
             // Nagle off: streamed tokens are small writes, and one held back until the client's
@@ -167,8 +177,8 @@ pub async fn run(config: RouterConfig, shutdown: CancellationToken) -> anyhow::R
             });
             axum::serve(listener, app)
                 .with_graceful_shutdown(shutdown.cancelled_owned())
-                .await?;
-            Ok(())
+                .await
+                .map_err(RouterError::Serve)
         }),
     };
     Ok(Running {
@@ -219,14 +229,14 @@ fn spawn_reloads(
                     match t.reload() {
                         Ok(true) => tracing::info!(cert = %t.files().cert.display(), "TLS certificate reloaded"),
                         Ok(false) => {}
-                        Err(e) => tracing::warn!(error = %format!("{:#}", anyhow::Error::from(e)), "TLS files changed but do not load; the previous certificate stays in force"),
+                        Err(e) => tracing::warn!(error = %error_chain(&e), "TLS files changed but do not load; the previous certificate stays in force"),
                     }
                 }
                 if let Some(k) = keys {
                     match k.reload() {
                         Ok(true) => tracing::info!(keys = k.len(), "API keys reloaded"),
                         Ok(false) => {}
-                        Err(e) => tracing::warn!(error = %format!("{:#}", anyhow::Error::from(e)), "API keys file changed but does not load; the previous keys stay in force"),
+                        Err(e) => tracing::warn!(error = %error_chain(&e), "API keys file changed but does not load; the previous keys stay in force"),
                     }
                 }
             })
@@ -240,11 +250,11 @@ fn spawn_reloads(
 
 /// Serves until Ctrl-C or SIGTERM, printing `{"http":"addr"}` on stdout once listening.
 /// With `--mode endpoint-picker`, runs the endpoint picker instead ([`crate::epp`]).
-pub fn serve_until_signal(config: RouterConfig) -> anyhow::Result<()> {
+pub fn serve_until_signal(config: RouterConfig) -> Result<(), RouterError> {
     if config.mode == crate::config::Mode::EndpointPicker {
         return crate::epp::serve_until_signal(config);
     }
-    let rt = cleave_telemetry::runtime(config.runtime_threads)?;
+    let rt = cleave_telemetry::runtime(config.runtime_threads).map_err(RouterError::Runtime)?;
     rt.block_on(async move {
         let shutdown = CancellationToken::new();
         let running = run(config, shutdown.clone()).await?;

@@ -195,3 +195,41 @@ pub fn runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
         .enable_all()
         .build()
 }
+
+/// `e` and its sources as one line, `outer: inner: …` (as anyhow's `{:#}` prints a chain). A
+/// source whose text the message before it already contains is not repeated.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut last = out.clone();
+    let mut next = e.source();
+    while let Some(s) = next {
+        let text = s.to_string();
+        if !last.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        last = text;
+        next = s.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod chain_tests {
+    use super::error_chain;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("reading the file")]
+    struct Outer(#[source] std::io::Error);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("reading the file: {0}")]
+    struct Inline(#[source] std::io::Error);
+
+    #[test]
+    fn sources_are_appended_once() {
+        let io = || std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        assert_eq!(error_chain(&Outer(io())), "reading the file: no such file");
+        assert_eq!(error_chain(&Inline(io())), "reading the file: no such file");
+    }
+}

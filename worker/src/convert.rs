@@ -7,13 +7,18 @@ use tonic::Status;
 
 pub use cleave_proto::convert::sampling_to_wire;
 
+pub mod kv;
+
 /// The engine's sampling parameters from the wire; `InvalidArgument` names a bad field.
 // tonic's `Status` is every handler's error type; boxing it here would only be unboxed again.
 #[allow(clippy::result_large_err)]
 pub fn sampling(p: Option<pb::SamplingParams>) -> Result<SamplingParams, Status> {
     let p = p.ok_or_else(|| Status::invalid_argument("params is required"))?;
-    let params = cleave_proto::convert::sampling_from_wire(p).map_err(Status::invalid_argument)?;
-    params.validate().map_err(Status::invalid_argument)?;
+    let params = cleave_proto::convert::sampling_from_wire(p)
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    params
+        .validate()
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
     Ok(params)
 }
 

@@ -1,7 +1,6 @@
 //! A follower rank's process: join the group, load this rank's shard, and run the leader's
 //! steps until the leader stops the group (exit 0) or the group fails (an error: exit 1).
 
-use anyhow::Context;
 use axum::routing::get;
 use cleave_engine::engine::run_follower_with;
 use cleave_engine::kernels::Threads;
@@ -11,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::group::Membership;
 use crate::rank_kv::{FollowerRelay, RankRegion};
-use crate::WorkerConfig;
+use crate::{WorkerConfig, WorkerError};
 
 /// Runs rank `m.rank` (> 0) of the group until the leader stops it or the group fails;
 /// `shutdown` (a signal) aborts the group, which stops every rank.
@@ -19,7 +18,7 @@ pub async fn run(
     config: WorkerConfig,
     m: Membership,
     shutdown: CancellationToken,
-) -> anyhow::Result<()> {
+) -> Result<(), WorkerError> {
     let threads = if config.threads <= 1 {
         Threads::single()
     } else {
@@ -50,10 +49,10 @@ pub async fn run(
     // The KV pool comes from the transport, so a prefill peer can write this rank's heads
     // straight into it (and a prefill follower can write from it).
     let transport = default_transport(&crate::kv_addr::transport_config(&config)?)
-        .context("starting the KV transport")?;
+        .map_err(WorkerError::Transport)?;
     let region = transport
         .allocate_region(config.kv_blocks * layout.block_bytes())
-        .context("allocating the KV region")?;
+        .map_err(WorkerError::Region)?;
     let local = region.handle();
     let mut cache = KvCache::new(layout, config.kv_blocks, Box::new(region))?;
     let mine = RankRegion {
@@ -73,8 +72,12 @@ pub async fn run(
     // Kubernetes discovery skips follower pods by their group-index label).
     let http = tokio::net::TcpListener::bind(config.http_addr)
         .await
-        .context("binding the HTTP address")?;
-    let http_addr = http.local_addr()?;
+        .map_err(|source| WorkerError::Bind {
+            what: "HTTP",
+            addr: config.http_addr,
+            source,
+        })?;
+    let http_addr = http.local_addr().map_err(WorkerError::Http)?;
     let app = axum::Router::new()
         .route("/health", get(|| async { "ok" }))
         .route(
@@ -108,14 +111,14 @@ pub async fn run(
             return Ok(());
         }
     };
-    match res.context("follower thread")? {
+    match res? {
         Ok(steps) => {
             tracing::info!(rank = m.rank, steps, "the leader stopped the group");
             Ok(())
         }
-        Err(e) => Err(anyhow::anyhow!(
-            "worker group failed on rank {}: {e}",
-            m.rank
-        )),
+        Err(source) => Err(WorkerError::FollowerFailed {
+            rank: m.rank,
+            source,
+        }),
     }
 }

@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 
-use anyhow::Context;
 use cleave_collective::{GroupConfig, NetGroup};
 use cleave_engine::collective::{Collective, SingleRank};
 use cleave_engine::kernels::Threads;
@@ -15,8 +14,10 @@ use cleave_engine::tokenizer::Tokenizer;
 
 pub use cleave_config::group::{size_from_flags, GroupArgs, Membership};
 
+use crate::WorkerError;
+
 /// Joins the group (blocking until every rank is there).
-pub fn connect(args: &GroupArgs, m: &Membership) -> anyhow::Result<Arc<NetGroup>> {
+pub fn connect(args: &GroupArgs, m: &Membership) -> Result<Arc<NetGroup>, WorkerError> {
     let mut cfg = GroupConfig::new(m.rank, m.size, m.leader.clone());
     cfg.bind_addr = args.bind;
     cfg.advertise_host = args.advertise.clone();
@@ -24,8 +25,11 @@ pub fn connect(args: &GroupArgs, m: &Membership) -> anyhow::Result<Arc<NetGroup>
     cfg.timeout = args.timeout;
     cfg.connect_timeout = args.connect_timeout;
     tracing::info!(rank = m.rank, size = m.size, leader = %m.leader, transport = ?args.collective_transport, "joining the worker group");
-    let g = NetGroup::connect(cfg)
-        .with_context(|| format!("joining worker group at {} as rank {}", m.leader, m.rank))?;
+    let g = NetGroup::connect(cfg).map_err(|source| WorkerError::JoinGroup {
+        leader: m.leader.clone(),
+        rank: m.rank,
+        source,
+    })?;
     Ok(Arc::new(g))
 }
 
@@ -36,17 +40,22 @@ pub fn load(
     threads: Threads,
     collective: Option<Arc<dyn Collective>>,
     args: &GroupArgs,
-) -> anyhow::Result<(Arc<Model>, Arc<Tokenizer>)> {
+) -> Result<(Arc<Model>, Arc<Tokenizer>), WorkerError> {
     let c = collective.unwrap_or_else(|| Arc::new(SingleRank));
     let (rank, world) = (c.rank(), c.world());
-    let l = Loaded::open_rank(path, c, threads)
-        .with_context(|| format!("loading rank {rank} of {world} of {}", path.display()))?;
+    let l = Loaded::open_rank(path, c, threads).map_err(|source| WorkerError::Load {
+        rank,
+        world,
+        path: path.to_path_buf(),
+        source,
+    })?;
     if let Some(ep) = args.ep.filter(|&ep| ep > 1) {
-        anyhow::ensure!(
-            l.model.config.moe.is_some(),
-            "--ep {ep}: {} is a dense model (no experts to split); use --tp {ep}",
-            path.display()
-        );
+        if l.model.config.moe.is_none() {
+            return Err(WorkerError::DenseEp {
+                ep,
+                path: path.to_path_buf(),
+            });
+        }
     }
     Ok((l.model, l.tokenizer))
 }

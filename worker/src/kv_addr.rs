@@ -5,13 +5,13 @@
 
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 
-use anyhow::Context;
 use cleave_kv_transfer::TransportConfig;
 
 use crate::config::WorkerConfig;
+use crate::WorkerError;
 
 /// The transport settings `config` asks for.
-pub fn transport_config(config: &WorkerConfig) -> anyhow::Result<TransportConfig> {
+pub fn transport_config(config: &WorkerConfig) -> Result<TransportConfig, WorkerError> {
     let listen = config
         .kv_listen
         .unwrap_or_else(|| SocketAddr::new(config.grpc_addr.ip(), 0));
@@ -23,13 +23,7 @@ pub fn transport_config(config: &WorkerConfig) -> anyhow::Result<TransportConfig
                 .as_deref()
                 .and_then(host_ip)
                 .map_or_else(default_route_ip, Ok)
-                .with_context(|| {
-                    format!(
-                        "the KV transport listens on {listen} (every interface) and no address \
-                         for peers was found: set --kv-advertise (CLEAVE_KV_ADVERTISE) to this \
-                         host's IP"
-                    )
-                })?,
+                .map_err(|why| WorkerError::NoAdvertise { listen, why })?,
         ),
         None => None,
     };
@@ -50,12 +44,16 @@ fn host_ip(a: &str) -> Option<IpAddr> {
 }
 
 /// The local address the kernel picks to reach a public address (no packet is sent).
-fn default_route_ip() -> anyhow::Result<IpAddr> {
+fn default_route_ip() -> std::io::Result<IpAddr> {
     let s = UdpSocket::bind("0.0.0.0:0")?;
-    s.connect("192.0.2.1:9")
-        .context("no default route to find this host's address by")?;
+    s.connect("192.0.2.1:9")?;
     let ip = s.local_addr()?.ip();
-    anyhow::ensure!(!ip.is_unspecified(), "no address on the default route");
+    if ip.is_unspecified() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AddrNotAvailable,
+            "no address on the default route",
+        ));
+    }
     Ok(ip)
 }
 

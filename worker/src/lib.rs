@@ -21,6 +21,7 @@
 
 pub mod config;
 pub mod convert;
+mod error;
 pub mod fault;
 pub mod follower;
 pub mod group;
@@ -32,6 +33,7 @@ pub mod serve;
 pub mod watch;
 
 pub use config::{Role, WorkerConfig};
+pub use error::WorkerError;
 pub use serve::{run, RoleService, Running, WorkerState};
 
 /// Command line of both worker binaries.
@@ -53,7 +55,7 @@ pub fn main_for(service: RoleService) -> std::process::ExitCode {
     match serve_until_signal(service, cli.config) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", cleave_telemetry::error_chain(&e));
             std::process::ExitCode::FAILURE
         }
     }
@@ -61,8 +63,8 @@ pub fn main_for(service: RoleService) -> std::process::ExitCode {
 
 /// Serves `service`'s role until Ctrl-C or SIGTERM, printing one JSON line with the bound
 /// addresses on stdout (`{"grpc":"…","http":"…"}`) once ready — what `cleave up` reads.
-pub fn serve_until_signal(service: RoleService, config: WorkerConfig) -> anyhow::Result<()> {
-    let rt = cleave_telemetry::runtime(config.runtime_threads)?;
+pub fn serve_until_signal(service: RoleService, config: WorkerConfig) -> Result<(), WorkerError> {
+    let rt = cleave_telemetry::runtime(config.runtime_threads).map_err(WorkerError::Runtime)?;
     rt.block_on(async move {
         let shutdown = tokio_util::sync::CancellationToken::new();
         if let Some(m) = config.group.membership()?.filter(|m| m.rank > 0) {

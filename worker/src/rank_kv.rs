@@ -11,7 +11,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use anyhow::Context;
 use cleave_engine::collective::Collective;
 use cleave_kv_transfer::{RegionDescriptor, RegionHandle, Transport, WorkerAddress, WriteOp};
 use serde::{Deserialize, Serialize};
@@ -28,19 +27,23 @@ pub struct RankRegion {
 
 /// Every rank's [`RankRegion`], indexed by rank: rank r broadcasts its own in turn. All ranks
 /// of a group call this once, after allocating their region and before the engine starts.
-pub fn exchange(group: &dyn Collective, mine: &RankRegion) -> anyhow::Result<Vec<RankRegion>> {
+pub fn exchange(
+    group: &dyn Collective,
+    mine: &RankRegion,
+) -> Result<Vec<RankRegion>, crate::WorkerError> {
+    use crate::WorkerError;
     let mut all = Vec::with_capacity(group.world());
     for root in 0..group.world() {
         let mut buf = if root == group.rank() {
-            serde_json::to_vec(mine)?
+            serde_json::to_vec(mine).map_err(|source| WorkerError::Descriptor { root, source })?
         } else {
             Vec::new()
         };
         group
             .broadcast(root, &mut buf)
-            .with_context(|| format!("exchanging KV regions (rank {root})"))?;
+            .map_err(|source| WorkerError::Exchange { root, source })?;
         let r: RankRegion = serde_json::from_slice(&buf)
-            .with_context(|| format!("rank {root}'s KV region descriptor"))?;
+            .map_err(|source| WorkerError::Descriptor { root, source })?;
         all.push(r);
     }
     Ok(all)
@@ -68,10 +71,24 @@ impl Relay {
     }
 }
 
+/// Why a follower's write of its heads failed.
+#[derive(Debug, thiserror::Error)]
+enum WriteError {
+    /// The leader's message names fewer decode ranks than this follower's rank.
+    #[error("no KV target for rank {rank} of {ranks}")]
+    NoTarget { rank: usize, ranks: usize },
+    /// The transfer failed.
+    #[error(transparent)]
+    Transfer(#[from] cleave_kv_transfer::Error),
+    /// The write's task panicked or was cancelled.
+    #[error("write task: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
 /// One request's writes on a follower: their cancellation and their tasks.
 type Pending = (
     CancellationToken,
-    Vec<tokio::task::JoinHandle<Result<(), String>>>,
+    Vec<tokio::task::JoinHandle<Result<(), WriteError>>>,
 );
 
 /// A follower's handler of [`Relay`] messages.
@@ -122,7 +139,10 @@ impl FollowerRelay {
                 let entry = self.pending.entry(key).or_default();
                 let Some(target) = targets.get(self.rank).cloned() else {
                     // Reported by `Finish`.
-                    let why = format!("no KV target for rank {} of {}", self.rank, targets.len());
+                    let why = WriteError::NoTarget {
+                        rank: self.rank,
+                        ranks: targets.len(),
+                    };
                     entry.1.push(self.rt.spawn(async move { Err(why) }));
                     return 1.0;
                 };
@@ -142,9 +162,8 @@ impl FollowerRelay {
                 );
                 entry.1.push(self.rt.spawn(async move {
                     t.write(&target.address, &target.region, &ops, &local, cancel)
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| e.to_string())
+                        .await?;
+                    Ok(())
                 }));
                 0.0
             }
@@ -156,7 +175,7 @@ impl FollowerRelay {
                 self.rt.block_on(async move {
                     let mut status = 0.0;
                     for w in writes {
-                        let r = w.await.map_err(|e| e.to_string()).and_then(|r| r);
+                        let r = w.await.map_err(WriteError::from).and_then(|r| r);
                         if let Err(e) = r {
                             tracing::warn!(rank, key, error = %e, "writing KV to the decode rank failed");
                             status = 1.0;

@@ -4,7 +4,6 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use anyhow::Context;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
@@ -20,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::service::Routes;
 
 use crate::config::{Role, WorkerConfig};
+use crate::error::WorkerError;
 use crate::metrics::WorkerMetrics;
 use crate::rank_kv::RankRegion;
 use crate::watch::WatchHub;
@@ -62,7 +62,7 @@ pub struct Running {
     /// Shared state (tests read the engine's stats through it).
     pub state: Arc<WorkerState>,
     /// Ends when the servers stop.
-    pub task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    pub task: tokio::task::JoinHandle<Result<(), WorkerError>>,
 }
 
 /// A worker role as the runtime serves it: which role it registers as, and its gRPC service
@@ -90,7 +90,7 @@ pub async fn run(
     service: RoleService,
     config: WorkerConfig,
     shutdown: CancellationToken,
-) -> anyhow::Result<Running> {
+) -> Result<Running, WorkerError> {
     let role = service.role;
     // The effective configuration (flags, environment and defaults), once.
     tracing::info!(?role, config = ?config, "worker configuration");
@@ -101,13 +101,9 @@ pub async fn run(
     };
     let membership = config.group.membership()?;
     if let Some(m) = membership.as_ref().filter(|m| m.rank > 0) {
-        anyhow::bail!(
-            "rank {} of the group is a follower (no servers): run it with follower::run",
-            m.rank
-        );
+        return Err(WorkerError::FollowerRank(m.rank));
     }
-    let internal_tls =
-        cleave_tls::Mutual::from_args(&config.internal_tls).context("internal TLS")?;
+    let internal_tls = cleave_tls::Mutual::from_args(&config.internal_tls)?;
     let group_size = membership.as_ref().map_or(1, |m| m.size);
     let group = match membership {
         Some(m) => {
@@ -126,7 +122,7 @@ pub async fn run(
         tls: internal_tls.clone(),
         ..crate::kv_addr::transport_config(&config)?
     };
-    let transport = default_transport(&transport_config).context("starting the KV transport")?;
+    let transport = default_transport(&transport_config).map_err(WorkerError::Transport)?;
     let layout = KvLayout {
         n_layers: model.config.n_layers,
         n_kv_heads: model.local_kv_heads(),
@@ -136,7 +132,7 @@ pub async fn run(
     };
     let region = transport
         .allocate_region(config.kv_blocks * layout.block_bytes())
-        .context("allocating the KV region")?;
+        .map_err(WorkerError::Region)?;
     let handle = region.handle();
     let cache = KvCache::new(layout, config.kv_blocks, Box::new(region))?;
     // Every rank's transport address and KV region, for rank-to-rank P/D (crate::rank_kv).
@@ -199,23 +195,25 @@ pub async fn run(
     });
     tracing::info!(?role, backend = ?state.transport.backend(), kv_blocks = config.kv_blocks, "worker starting");
 
+    let bind = |what, addr| move |source| WorkerError::Bind { what, addr, source };
     let grpc = TcpListener::bind(config.grpc_addr)
         .await
-        .context("binding the gRPC address")?;
+        .map_err(bind("gRPC", config.grpc_addr))?;
     let http = TcpListener::bind(config.http_addr)
         .await
-        .context("binding the HTTP address")?;
-    let (grpc_addr, http_addr) = (grpc.local_addr()?, http.local_addr()?);
+        .map_err(bind("HTTP", config.http_addr))?;
+    let grpc_addr = grpc.local_addr().map_err(|e| WorkerError::Grpc(e.into()))?;
+    let http_addr = http.local_addr().map_err(WorkerError::Http)?;
 
     // Nagle off: token events are small writes, and one held back until the router's delayed
     // ACK (40 ms on Linux) is a stall in the client's stream.
     let grpc = tonic::transport::server::TcpIncoming::from_listener(grpc, true, None)
-        .map_err(|e| anyhow::anyhow!(e))?;
+        .map_err(WorkerError::Grpc)?;
     let mut grpc_server = tonic::transport::Server::builder();
     if let Some(tls) = &state.internal_tls {
         grpc_server = grpc_server
             .tls_config(tls.grpc_server())
-            .context("the gRPC server's TLS settings")?;
+            .map_err(|e| WorkerError::Grpc(e.into()))?;
     }
     let grpc_server = grpc_server.add_routes((service.routes)(state.clone()));
     let stop = serving.clone();
@@ -239,7 +237,7 @@ pub async fn run(
     tracing::info!(%grpc_addr, %http_addr, "worker ready");
     let registration = match crate::register::start(role, &config, grpc_addr, serving.clone())
         .await
-        .context("registering in etcd")
+        .map_err(WorkerError::from)
     {
         Ok(r) => r,
         Err(e) => {
@@ -258,13 +256,11 @@ pub async fn run(
         if let Some(r) = registration {
             let _ = r.await;
         }
-        grpc_task.await?.context("gRPC server")?;
-        http_task.await?.context("HTTP server")?;
-        anyhow::ensure!(
-            !st.failed.load(Ordering::SeqCst),
-            "the worker group failed (a rank died or stopped answering); exiting so the group \
-             is restarted"
-        );
+        grpc_task.await?.map_err(|e| WorkerError::Grpc(e.into()))?;
+        http_task.await?.map_err(WorkerError::Http)?;
+        if st.failed.load(Ordering::SeqCst) {
+            return Err(WorkerError::GroupFailed);
+        }
         Ok(())
     });
     Ok(Running {

@@ -13,6 +13,7 @@ use cleave_kv_transfer::BackendChoice;
 use cleave_prefill_worker::SERVICE as PREFILL;
 use cleave_proto::v1 as pb;
 use cleave_proto::v1::decode_worker_client::DecodeWorkerClient;
+use cleave_worker::convert::kv;
 use cleave_worker::{run, Running, WorkerConfig};
 use common::{config, generate, greedy, http_get, prompts, reference, settle};
 use tokio_util::sync::CancellationToken;
@@ -149,8 +150,8 @@ async fn a_dropped_prefill_call_aborts_the_prefill_and_its_transfers() {
     let blocks = prompt.len().div_ceil(16);
     assert!(blocks < 128);
     let dest = pb::KvDestination {
-        worker_address: serde_json::to_vec(&decode.state.transport.local_address()).unwrap(),
-        region: serde_json::to_vec(&decode.state.region.descriptor()).unwrap(),
+        worker_address: Some(kv::address_to_wire(&decode.state.transport.local_address())),
+        region: Some(kv::region_to_wire(&decode.state.region.descriptor())),
         blocks: (0..blocks as u32).collect(),
         block_bytes: decode.state.layout.block_bytes() as u64,
         skip_blocks: 0,

@@ -22,9 +22,10 @@ use std::time::Duration;
 
 use cleave_decode_worker::SERVICE as DECODE;
 use cleave_engine::tiny;
-use cleave_kv_transfer::{BackendChoice, RegionDescriptor, WorkerAddress};
+use cleave_kv_transfer::BackendChoice;
 use cleave_prefill_worker::SERVICE as PREFILL;
 use cleave_proto::v1 as pb;
+use cleave_worker::convert::kv;
 use cleave_worker::{run, Running, WorkerConfig};
 use prost::bytes::{Buf, BufMut};
 use prost::Message;
@@ -81,8 +82,8 @@ impl Decoder for Raw {
 /// What the generators know about the workers.
 struct World {
     prefill_url: String,
-    kv_address: Vec<u8>,
-    region: Vec<u8>,
+    kv_address: pb::KvWorkerAddress,
+    region: pb::KvRegion,
     region_blocks: u32,
     block_bytes: u64,
 }
@@ -197,12 +198,52 @@ fn generate(rng: &mut StdRng, w: &World) -> pb::GenerateRequest {
     }
 }
 
-fn maybe_mutated(rng: &mut StdRng, bytes: &[u8], p: f64) -> Vec<u8> {
-    let mut b = bytes.to_vec();
+/// A text field byte-mutated (lossily back to UTF-8).
+fn mutated_text(rng: &mut StdRng, s: &str) -> String {
+    let mut b = s.as_bytes().to_vec();
+    mutate::bytes(rng, &mut b);
+    String::from_utf8_lossy(&b).into_owned()
+}
+
+/// `a`, or with probability `p` absent or with a field mutated.
+fn maybe_mutated_address(
+    rng: &mut StdRng,
+    a: &pb::KvWorkerAddress,
+    p: f64,
+) -> Option<pb::KvWorkerAddress> {
+    let mut a = a.clone();
     if rng.gen_bool(p) {
-        mutate::bytes(rng, &mut b);
+        match rng.gen_range(0..3) {
+            0 => return None,
+            1 => a.tcp = mutated_text(rng, &a.tcp),
+            _ => {
+                let mut b = a.ucx.unwrap_or_default();
+                mutate::bytes(rng, &mut b);
+                a.ucx = Some(b);
+            }
+        }
     }
-    b
+    Some(a)
+}
+
+/// `r`, or with probability `p` absent or with a field mutated.
+fn maybe_mutated_region(rng: &mut StdRng, r: &pb::KvRegion, p: f64) -> Option<pb::KvRegion> {
+    let mut r = r.clone();
+    if rng.gen_bool(p) {
+        match rng.gen_range(0..5) {
+            0 => return None,
+            1 => r.owner = mutated_text(rng, &r.owner),
+            2 => r.id = mutate::edge_u64(rng),
+            3 => r.len = mutate::edge_u64(rng),
+            _ => {
+                let mut u = r.ucx.unwrap_or_default();
+                u.base = mutate::edge_u64(rng);
+                mutate::bytes(rng, &mut u.rkey);
+                r.ucx = Some(u);
+            }
+        }
+    }
+    Some(r)
 }
 
 fn prefill(rng: &mut StdRng, w: &World) -> pb::PrefillRequest {
@@ -214,8 +255,8 @@ fn prefill(rng: &mut StdRng, w: &World) -> pb::PrefillRequest {
         prompt,
         params: params(rng),
         destination: rng.gen_bool(0.95).then(|| pb::KvDestination {
-            worker_address: maybe_mutated(rng, &w.kv_address, 0.2),
-            region: maybe_mutated(rng, &w.region, 0.2),
+            worker_address: maybe_mutated_address(rng, &w.kv_address, 0.2),
+            region: maybe_mutated_region(rng, &w.region, 0.2),
             blocks: (0..blocks)
                 .map(|_| {
                     if rng.gen_bool(0.05) {
@@ -237,8 +278,8 @@ fn prefill(rng: &mut StdRng, w: &World) -> pb::PrefillRequest {
             },
             ranks: (0..usize::from(rng.gen_bool(0.05)))
                 .map(|_| pb::KvRankRegion {
-                    worker_address: w.kv_address.clone(),
-                    region: maybe_mutated(rng, &w.region, 0.5),
+                    worker_address: Some(w.kv_address.clone()),
+                    region: maybe_mutated_region(rng, &w.region, 0.5),
                 })
                 .collect(),
         }),
@@ -266,13 +307,26 @@ fn sanitize_generate(m: &mut pb::GenerateRequest) -> bool {
     remote
 }
 
-/// Replaces serialized addresses that name another host with `fallback`.
-fn keep_local(bytes: &mut Vec<u8>, fallback: &[u8]) -> bool {
-    let off_host = |a: SocketAddr| !a.ip().is_loopback();
-    let remote = serde_json::from_slice::<WorkerAddress>(bytes).is_ok_and(|a| off_host(a.tcp))
-        || serde_json::from_slice::<RegionDescriptor>(bytes).is_ok_and(|d| off_host(d.owner));
+/// Whether `addr` parses to an address on another host (one a worker would dial out to).
+fn off_host(addr: &str) -> bool {
+    addr.parse::<SocketAddr>()
+        .is_ok_and(|a| !a.ip().is_loopback())
+}
+
+/// Replaces an address that names another host with `fallback`.
+fn keep_local_address(a: &mut Option<pb::KvWorkerAddress>, fallback: &pb::KvWorkerAddress) -> bool {
+    let remote = a.as_ref().is_some_and(|a| off_host(&a.tcp));
     if remote {
-        *bytes = fallback.to_vec();
+        *a = Some(fallback.clone());
+    }
+    remote
+}
+
+/// Replaces a region whose owner is another host with `fallback`.
+fn keep_local_region(r: &mut Option<pb::KvRegion>, fallback: &pb::KvRegion) -> bool {
+    let remote = r.as_ref().is_some_and(|r| off_host(&r.owner));
+    if remote {
+        *r = Some(fallback.clone());
     }
     remote
 }
@@ -282,11 +336,11 @@ fn sanitize_prefill(m: &mut pb::PrefillRequest, w: &World) -> bool {
     let Some(d) = &mut m.destination else {
         return false;
     };
-    let mut changed = keep_local(&mut d.worker_address, &w.kv_address);
-    changed |= keep_local(&mut d.region, &w.region);
+    let mut changed = keep_local_address(&mut d.worker_address, &w.kv_address);
+    changed |= keep_local_region(&mut d.region, &w.region);
     for r in &mut d.ranks {
-        changed |= keep_local(&mut r.worker_address, &w.kv_address);
-        changed |= keep_local(&mut r.region, &w.region);
+        changed |= keep_local_address(&mut r.worker_address, &w.kv_address);
+        changed |= keep_local_region(&mut r.region, &w.region);
     }
     changed
 }
@@ -440,8 +494,8 @@ async fn campaign(model: PathBuf, cases: Cases) -> anyhow::Result<Tally> {
     let prefill_worker = run(PREFILL, config(model), stop.clone()).await?;
     let world = World {
         prefill_url: format!("http://{}", prefill_worker.grpc_addr),
-        kv_address: serde_json::to_vec(&decode.state.transport.local_address())?,
-        region: serde_json::to_vec(&decode.state.region.descriptor())?,
+        kv_address: kv::address_to_wire(&decode.state.transport.local_address()),
+        region: kv::region_to_wire(&decode.state.region.descriptor()),
         region_blocks: decode.state.config.kv_blocks as u32,
         block_bytes: decode.state.layout.block_bytes() as u64,
     };

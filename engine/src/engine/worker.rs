@@ -19,7 +19,8 @@ mod lockstep;
 use super::group::{encode_step, GroupLink};
 use super::stop::StopMatcher;
 use super::{
-    BlockLease, Command, EngineConfig, EngineStats, FinishReason, SeqEvent, Shared, Usage,
+    BlockLease, Command, EngineConfig, EngineStats, FinishReason, RelayError, SeqEvent, Shared,
+    Usage,
 };
 
 /// Most KV events kept for a consumer that does not drain them.
@@ -242,7 +243,7 @@ impl Worker {
                 done,
             } => {
                 let r = self.relay(&payload, reply);
-                let _ = done.send(r.as_ref().map(|&s| s).map_err(|e| e.to_string()));
+                let _ = done.send(r.clone().map_err(RelayError::from));
                 if let Err(e) = r {
                     self.broken = Some(e);
                 }

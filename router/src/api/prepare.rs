@@ -277,7 +277,9 @@ pub fn validate(
         logprobs,
         constraint,
     };
-    params.validate().map_err(ApiError::bad_request)?;
+    params
+        .validate()
+        .map_err(|e| ApiError::invalid(e.field(), e.to_string()))?;
     let stream = req.stream.unwrap_or(false);
     let job = Job {
         endpoint,

@@ -199,8 +199,9 @@ impl Tools {
                 lark_literal(&head),
                 lark_literal(&format!("}}\n{CLOSE}"))
             ));
-            let body = lark_json(&t.parameters)
-                .map_err(|e| ApiError::invalid(format!("tools[{i}].function.parameters"), e))?;
+            let body = lark_json(&t.parameters).map_err(|e| {
+                ApiError::invalid(format!("tools[{i}].function.parameters"), e.to_string())
+            })?;
             rules.push(format!("args_{k}: {body}"));
         }
         let start = if self.parallel && self.choice == ToolChoice::Required {

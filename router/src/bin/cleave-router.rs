@@ -15,7 +15,7 @@ fn main() -> std::process::ExitCode {
     match cleave_router::serve::serve_until_signal(cli.config) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", cleave_telemetry::error_chain(&e));
             std::process::ExitCode::FAILURE
         }
     }

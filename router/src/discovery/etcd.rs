@@ -95,7 +95,7 @@ impl Discovery for Etcd {
         self: Box<Self>,
         cluster: Arc<Cluster>,
         shutdown: CancellationToken,
-    ) -> Result<(), String> {
+    ) -> Result<(), crate::dispatch::BadEndpoint> {
         let Etcd {
             client,
             prefix,

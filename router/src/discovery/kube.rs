@@ -203,7 +203,7 @@ impl Discovery for Kube {
         self: Box<Self>,
         cluster: Arc<Cluster>,
         shutdown: CancellationToken,
-    ) -> Result<(), String> {
+    ) -> Result<(), crate::dispatch::BadEndpoint> {
         let Kube {
             api,
             selector,

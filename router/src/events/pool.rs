@@ -60,10 +60,60 @@ impl Default for PodDefaults {
     }
 }
 
+/// A `--kv-events-pod` that does not parse; the message quotes it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PodSpecError {
+    /// It does not start with the engine's `http://` URL.
+    #[error("pod {spec:?}: expected an http:// URL first")]
+    NoUrl {
+        /// The spec.
+        spec: String,
+    },
+    /// A part after the URL without `=`.
+    #[error("pod {spec:?}: {part:?} is not key=value")]
+    NotKeyValue {
+        /// The spec.
+        spec: String,
+        /// The part.
+        part: String,
+    },
+    /// `events=` or `replay=` that is not a ZeroMQ `tcp://` endpoint.
+    #[error("pod {spec:?}: {key} must be a tcp:// endpoint")]
+    NotTcp {
+        /// The spec.
+        spec: String,
+        /// `events` or `replay`.
+        key: String,
+    },
+    /// A key other than `events`, `replay` and `topic`.
+    #[error("pod {spec:?}: unknown key {key:?} (events, replay, topic)")]
+    UnknownKey {
+        /// The spec.
+        spec: String,
+        /// The key.
+        key: String,
+    },
+}
+
+/// Why the pool of engine pods could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// The HTTP client for the pods' health and requests.
+    #[error("http client: {0}")]
+    Client(#[from] reqwest::Error),
+    /// A pod's URL.
+    #[error(transparent)]
+    Endpoint(#[from] crate::dispatch::BadEndpoint),
+    /// A `--kv-events-pod` spec.
+    #[error("--kv-events-pod: {0}")]
+    Spec(#[from] PodSpecError),
+}
+
 impl PodSpec {
     /// Parses `URL[,events=tcp://HOST:PORT][,replay=tcp://HOST:PORT][,topic=T]`; the event
     /// endpoints default to the URL's host with `defaults`' ports.
-    pub fn parse(s: &str, defaults: &PodDefaults) -> Result<PodSpec, String> {
+    pub fn parse(s: &str, defaults: &PodDefaults) -> Result<PodSpec, PodSpecError> {
+        let spec = || s.to_string();
         let mut parts = s.split(',');
         let url = parts
             .next()
@@ -75,7 +125,7 @@ impl PodSpec {
             .or_else(|| url.strip_prefix("https://"))
             .and_then(|rest| rest.split('/').next())
             .filter(|authority| !authority.is_empty())
-            .ok_or_else(|| format!("pod {s:?}: expected an http:// URL first"))?;
+            .ok_or_else(|| PodSpecError::NoUrl { spec: spec() })?;
         // The host without the port (an IPv6 literal keeps its brackets).
         let host = match host.rfind(':') {
             Some(i) if !host[i..].contains(']') => &host[..i],
@@ -88,12 +138,18 @@ impl PodSpec {
         for part in parts {
             let (key, value) = part
                 .split_once('=')
-                .ok_or_else(|| format!("pod {s:?}: {part:?} is not key=value"))?;
+                .ok_or_else(|| PodSpecError::NotKeyValue {
+                    spec: spec(),
+                    part: part.to_string(),
+                })?;
             let zmq = |v: &str| {
                 if v.starts_with("tcp://") {
                     Ok(v.to_string())
                 } else {
-                    Err(format!("pod {s:?}: {key} must be a tcp:// endpoint"))
+                    Err(PodSpecError::NotTcp {
+                        spec: spec(),
+                        key: key.to_string(),
+                    })
                 }
             };
             match key.trim() {
@@ -101,9 +157,10 @@ impl PodSpec {
                 "replay" => events.replay = Some(zmq(value.trim())?),
                 "topic" => events.topic = value.to_string(),
                 other => {
-                    return Err(format!(
-                        "pod {s:?}: unknown key {other:?} (events, replay, topic)"
-                    ))
+                    return Err(PodSpecError::UnknownKey {
+                        spec: spec(),
+                        key: other.to_string(),
+                    })
                 }
             }
         }
@@ -134,18 +191,15 @@ impl Pool {
         policy: Box<dyn Policy>,
         model: String,
         shutdown: CancellationToken,
-    ) -> Result<Pool, String> {
+    ) -> Result<Pool, PoolError> {
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(2))
-            .build()
-            .map_err(|e| format!("http client: {e}"))?;
+            .build()?;
         let mut urls = HashMap::new();
         let mut feeds = HashMap::new();
         for (i, pod) in pods.iter().enumerate() {
             let id = WorkerId(i as u64);
-            cluster
-                .add(id, Role::Both, &pod.url)
-                .map_err(|e| format!("pod {:?}: {e}", pod.url))?;
+            cluster.add(id, Role::Both, &pod.url)?;
             let rx = subscribe::spawn(
                 cluster.clone(),
                 id,
