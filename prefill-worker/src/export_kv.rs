@@ -73,7 +73,7 @@ fn targets(
 }
 
 fn bad(what: &str) -> Status {
-    Status::invalid_argument(what.to_string())
+    cleave_worker::convert::invalid_argument(what)
 }
 
 /// Runs one prefill request to completion.
