@@ -18,7 +18,7 @@ pub mod tokens;
 pub mod trace;
 pub mod workload;
 
-/// Errors a user can cause (bad files, bad flags); anything else is `anyhow`.
+/// Errors a user can cause (bad files, bad flags); the charts have their own [`plot::PlotError`].
 #[derive(Debug, thiserror::Error)]
 pub enum LoadgenError {
     /// A flag or workload parameter is out of range.
@@ -26,5 +26,5 @@ pub enum LoadgenError {
     Invalid(String),
     /// The trace could not be read.
     #[error(transparent)]
-    Trace(#[from] cleave_router::sim::SimError),
+    Trace(#[from] cleave_types::trace::TraceError),
 }

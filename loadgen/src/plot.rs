@@ -5,10 +5,46 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use anyhow::{bail, Context};
 use plotters::prelude::*;
 
 use crate::report::Report;
+
+/// Why the charts could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    /// No usable TrueType font (the message says where it looked).
+    #[error("{0}")]
+    Font(String),
+    /// `write_charts` was given no reports.
+    #[error("nothing to plot")]
+    Empty,
+    /// The output directory could not be created.
+    #[error("creating {}", path.display())]
+    Dir {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// plotters could not draw or encode a chart (its error types are generic over the
+    /// backend, so the message is kept as text).
+    #[error("chart {chart}: {message}")]
+    Draw {
+        /// The chart's title or file.
+        chart: String,
+        /// What plotters said.
+        message: String,
+    },
+}
+
+/// Turns a plotters error into [`PlotError::Draw`] for `chart`.
+fn draw_error<E: std::fmt::Display>(chart: impl std::fmt::Display) -> impl FnOnce(E) -> PlotError {
+    move |e| PlotError::Draw {
+        chart: chart.to_string(),
+        message: e.to_string(),
+    }
+}
 
 /// Where fonts are looked for, after `$CLEAVE_FONT` (Debian's fonts-dejavu-core first).
 const FONT_PATHS: &[&str] = &[
@@ -26,7 +62,7 @@ static FONT: OnceLock<Result<(), String>> = OnceLock::new();
 /// `CLEAVE_FONT` to a .ttf file).
 // CLEAVE_FONT names a font file for the charts: a tool's location, not a serving setting.
 #[allow(clippy::disallowed_methods)]
-pub fn ensure_font() -> anyhow::Result<()> {
+pub fn ensure_font() -> Result<(), PlotError> {
     FONT.get_or_init(|| {
         let mut candidates: Vec<PathBuf> = std::env::var_os("CLEAVE_FONT").map(PathBuf::from).into_iter().collect();
         candidates.extend(FONT_PATHS.iter().map(PathBuf::from));
@@ -43,7 +79,7 @@ pub fn ensure_font() -> anyhow::Result<()> {
         ))
     })
     .clone()
-    .map_err(anyhow::Error::msg)
+    .map_err(PlotError::Font)
 }
 
 type Line = (String, Vec<(f64, f64)>);
@@ -71,7 +107,7 @@ fn panel<DB: DrawingBackend>(
     ylabel: &str,
     lines: &[Line],
     dashed_from: usize,
-) -> anyhow::Result<()>
+) -> Result<(), PlotError>
 where
     DB::ErrorType: 'static,
 {
@@ -89,7 +125,7 @@ fn styled_panel<DB: DrawingBackend>(
     ylabel: &str,
     lines: &[Line],
     styles: &[(usize, u32)],
-) -> anyhow::Result<()>
+) -> Result<(), PlotError>
 where
     DB::ErrorType: 'static,
 {
@@ -112,27 +148,27 @@ where
         .x_label_area_size(40)
         .y_label_area_size(60)
         .build_cartesian_2d(x0..x1, 0.0..(y1 * 1.1).max(1e-3))
-        .map_err(|e| anyhow::anyhow!("chart {title}: {e}"))?;
+        .map_err(draw_error(title))?;
     chart
         .configure_mesh()
         .x_desc(xlabel)
         .y_desc(ylabel)
         .label_style(("sans-serif", 14))
         .draw()
-        .map_err(|e| anyhow::anyhow!("chart {title}: {e}"))?;
+        .map_err(draw_error(title))?;
     for (i, (name, p)) in lines.iter().enumerate() {
         let (ci, width) = styles.get(i).copied().unwrap_or((i, 2));
         let c = color(ci);
         let style = c.stroke_width(width);
         chart
             .draw_series(LineSeries::new(p.iter().copied(), style))
-            .map_err(|e| anyhow::anyhow!("chart {title}: {e}"))?
+            .map_err(draw_error(title))?
             .label(name.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], style));
         if p.len() <= 20 {
             chart
                 .draw_series(p.iter().map(|&xy| Circle::new(xy, 3, c.filled())))
-                .map_err(|e| anyhow::anyhow!("chart {title}: {e}"))?;
+                .map_err(draw_error(title))?;
         }
     }
     chart
@@ -142,7 +178,7 @@ where
         .label_font(("sans-serif", 13))
         .position(SeriesLabelPosition::UpperLeft)
         .draw()
-        .map_err(|e| anyhow::anyhow!("chart {title}: {e}"))?;
+        .map_err(draw_error(title))?;
     Ok(())
 }
 
@@ -163,12 +199,15 @@ fn cdf(values: impl Iterator<Item = f64>) -> Vec<(f64, f64)> {
 ///
 /// # Errors
 /// No font, an unwritable directory, or a drawing error.
-pub fn write_charts(dir: &Path, reports: &[(String, &Report)]) -> anyhow::Result<Vec<PathBuf>> {
+pub fn write_charts(dir: &Path, reports: &[(String, &Report)]) -> Result<Vec<PathBuf>, PlotError> {
     ensure_font()?;
     if reports.is_empty() {
-        bail!("nothing to plot");
+        return Err(PlotError::Empty);
     }
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::create_dir_all(dir).map_err(|source| PlotError::Dir {
+        path: dir.to_owned(),
+        source,
+    })?;
     let first_kind = reports[0].1.points.first().map(|p| kind(&p.load));
     let xlabel = match reports[0].1.points.first().map(|p| p.load) {
         Some(crate::arrival::Load::Concurrency { .. }) => "concurrency",
@@ -180,7 +219,7 @@ pub fn write_charts(dir: &Path, reports: &[(String, &Report)]) -> anyhow::Result
     let path = dir.join("latency_vs_load.png");
     {
         let root = BitMapBackend::new(&path, (1500, 500)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
+        root.fill(&WHITE).map_err(draw_error(path.display()))?;
         let panels = root.split_evenly((1, 3));
         type Pick = fn(&crate::stats::PointStats) -> (f64, f64);
         let metrics: [(&str, Pick); 3] = [
@@ -212,8 +251,7 @@ pub fn write_charts(dir: &Path, reports: &[(String, &Report)]) -> anyhow::Result
                 reports.len(),
             )?;
         }
-        root.present()
-            .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+        root.present().map_err(draw_error(path.display()))?;
     }
     paths.push(path);
     if let Some(path) = concurrency_chart(dir, reports)? {
@@ -227,7 +265,7 @@ pub fn write_charts(dir: &Path, reports: &[(String, &Report)]) -> anyhow::Result
         let path = dir.join(file);
         {
             let root = BitMapBackend::new(&path, (900, 550)).into_drawing_area();
-            root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
+            root.fill(&WHITE).map_err(draw_error(path.display()))?;
             let mut lines: Vec<Line> = Vec::new();
             for (name, r) in reports {
                 for p in &r.points {
@@ -245,8 +283,7 @@ pub fn write_charts(dir: &Path, reports: &[(String, &Report)]) -> anyhow::Result
             }
             let n = lines.len();
             panel(&root, title, "ms", "fraction of samples ≤ x", &lines, n)?;
-            root.present()
-                .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))?;
+            root.present().map_err(draw_error(path.display()))?;
         }
         paths.push(path);
     }
@@ -265,7 +302,10 @@ fn kind(load: &crate::arrival::Load) -> u8 {
 /// `latency_vs_concurrency.png` when the run has closed-loop points: TTFT and ITL p50/p90/p99
 /// and output tokens/s against concurrency, one colour per configuration (p50 thickest, p99
 /// thinnest), so the crossovers between configurations show on one chart.
-fn concurrency_chart(dir: &Path, reports: &[(String, &Report)]) -> anyhow::Result<Option<PathBuf>> {
+fn concurrency_chart(
+    dir: &Path,
+    reports: &[(String, &Report)],
+) -> Result<Option<PathBuf>, PlotError> {
     let closed = |r: &Report| -> Vec<(f64, crate::stats::PointStats)> {
         r.points
             .iter()
@@ -285,9 +325,9 @@ fn draw_concurrency(
     path: &Path,
     reports: &[(String, &Report)],
     closed: impl Fn(&Report) -> Vec<(f64, crate::stats::PointStats)>,
-) -> anyhow::Result<()> {
+) -> Result<(), PlotError> {
     let root = BitMapBackend::new(path, (1800, 560)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e}"))?;
+    root.fill(&WHITE).map_err(draw_error(path.display()))?;
     let panels = root.split_evenly((1, 3));
     type Pick = fn(&crate::stats::PointStats) -> [f64; 3];
     let metrics: [(&str, Pick); 2] = [
@@ -335,6 +375,5 @@ fn draw_concurrency(
         &lines,
         &styles,
     )?;
-    root.present()
-        .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))
+    root.present().map_err(draw_error(path.display()))
 }

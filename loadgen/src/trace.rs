@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use cleave_router::sim::TraceRequest;
+use cleave_types::trace::TraceRequest;
 
 use crate::tokens::{PromptFormat, TokenMap};
 use crate::workload::RequestSpec;

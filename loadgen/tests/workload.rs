@@ -11,12 +11,12 @@ use cleave_loadgen::stats::{percentile, Summary};
 use cleave_loadgen::tokens::{Prompt, PromptFormat, TokenMap};
 use cleave_loadgen::trace::{self, TraceSample, TraceScale};
 use cleave_loadgen::workload::{LengthDist, Synthetic};
-use cleave_router::sim::TraceRequest;
+use cleave_types::trace::TraceRequest;
 
 fn trace_file() -> Vec<TraceRequest> {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../router/tests/data/mooncake_first_300.jsonl");
-    cleave_router::sim::load_trace(&p).unwrap()
+    cleave_types::trace::load_trace(&p).unwrap()
 }
 
 fn scale(s: f64) -> TraceScale {

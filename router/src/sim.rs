@@ -31,7 +31,6 @@ pub mod cache;
 pub mod engine;
 pub mod report;
 pub mod tenants;
-pub mod trace;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashSet};
@@ -43,30 +42,18 @@ use crate::place::{
     BuildPolicy, Charge, InFlight, PlaceConfig, PlaceError, PlacementRequest, PolicyKind, Role,
     Ticket, WorkerView,
 };
+pub use cleave_types::trace::{load_trace, parse_trace, TraceError, TraceRequest};
 pub use engine::TimeModel;
 use engine::{Prefill, SimWorker};
 pub use report::{PolicyReport, SimReport};
 pub use tenants::TenantTrace;
-pub use trace::{load_trace, parse_trace, TraceRequest};
 
 /// Errors of the simulator.
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
     /// The trace could not be read.
-    #[error("cannot read trace {path}")]
-    Io {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-    /// A trace line is not a valid request.
-    #[error("trace {path} line {line}: bad request")]
-    Parse {
-        path: String,
-        line: usize,
-        #[source]
-        source: serde_json::Error,
-    },
+    #[error(transparent)]
+    Trace(#[from] TraceError),
     /// The trace has no requests, or the configuration no workers.
     #[error("nothing to simulate: {0}")]
     Empty(&'static str),

@@ -24,7 +24,7 @@ fn parses_the_slice() {
     let bad = "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n\nnot json\n";
     let err = sim::parse_trace(bad.as_bytes(), "inline").unwrap_err();
     assert!(
-        matches!(err, sim::SimError::Parse { line: 3, .. }),
+        matches!(err, sim::TraceError::Parse { line: 3, .. }),
         "{err:?}"
     );
 }

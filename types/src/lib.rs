@@ -7,13 +7,16 @@
 //! - [`FinishReason`]: why a generation ended, with its wire names;
 //! - [`choices`]: the KV element type, KV transport and collective transport a flag picks;
 //! - [`duration`]: the one grammar of every duration flag (`250ms`, `30s`, `2m`, `1h`, or
-//!   plain seconds).
+//!   plain seconds);
+//! - [`trace`]: the Mooncake request-trace format that the routing simulator replays and the
+//!   load generator sends.
 
 #![forbid(unsafe_code)]
 
 pub mod choices;
 pub mod duration;
 pub mod kv;
+pub mod trace;
 
 pub use kv::{BlockHash, KvEvent, KvEventRecord};
 
