@@ -61,7 +61,10 @@ async fn metrics_text(State(registry): State<Arc<Registry>>) -> (StatusCode, Str
 
 /// Serves `/healthz`, `/readyz` and `/metrics` until the process ends. A standby replica (not
 /// leader) is healthy and ready: it is waiting for the lease.
-pub async fn serve(addr: SocketAddr, registry: Registry) -> anyhow::Result<()> {
+///
+/// # Errors
+/// The address cannot be bound, or the server fails.
+pub async fn serve(addr: SocketAddr, registry: Registry) -> std::io::Result<()> {
     let app = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(|| async { "ok" }))
@@ -69,6 +72,5 @@ pub async fn serve(addr: SocketAddr, registry: Registry) -> anyhow::Result<()> {
         .with_state(Arc::new(registry));
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, "health and metrics endpoint");
-    axum::serve(listener, app).await?;
-    Ok(())
+    axum::serve(listener, app).await
 }

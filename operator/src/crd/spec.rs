@@ -310,6 +310,19 @@ pub enum Policy {
     Random,
 }
 
+impl Policy {
+    /// The router's `--policy` value (the same kebab-case name the CRD uses).
+    pub fn as_flag(self) -> &'static str {
+        match self {
+            Policy::PrefixOptimistic => "prefix-optimistic",
+            Policy::PrefixLoad => "prefix-load",
+            Policy::RoundRobin => "round-robin",
+            Policy::LeastLoad => "least-load",
+            Policy::Random => "random",
+        }
+    }
+}
+
 /// A key in a Secret.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 #[serde(rename_all = "camelCase")]

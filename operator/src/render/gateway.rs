@@ -23,10 +23,9 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::DynamicObject;
 use kube::ResourceExt;
 use serde_json::json;
-use sha2::{Digest, Sha256};
 
 use super::names::{self, Component};
-use super::{config, model, objects, pods, Desired};
+use super::{config, config_hash, model, objects, pods, Desired, RenderError};
 use crate::crd::{FailureMode, InferenceService};
 
 /// The endpoint picker's ext_proc (and gRPC health) port, the protocol's default.
@@ -74,32 +73,25 @@ fn epp_selector(name: &str) -> BTreeMap<String, String> {
     ])
 }
 
-fn epp_env(isvc: &InferenceService, model_path: &str) -> Result<BTreeMap<String, String>, String> {
+fn epp_env(
+    isvc: &InferenceService,
+    model_path: &str,
+) -> Result<BTreeMap<String, String>, RenderError> {
     let name = isvc.name_any();
-    let policy = serde_json::to_value(isvc.spec.router.policy).map_err(|e| e.to_string())?;
     let mut settings = vec![
         ("mode", "endpoint-picker".to_string()),
         ("epp_listen", format!("0.0.0.0:{EPP_PORT}")),
         ("pool", pool_name(&name)),
         ("kube_namespace", isvc.namespace().unwrap_or_default()),
         ("model", model_path.to_string()),
-        ("policy", policy.as_str().unwrap_or_default().to_string()),
+        ("policy", isvc.spec.router.policy.as_flag().to_string()),
     ];
     if let Some(n) = &isvc.spec.model.served_name {
         settings.push(("served_model_name", n.clone()));
     }
-    Ok(config::router_env(&settings).map_err(|e| e.to_string())?.0)
-}
-
-fn config_hash(data: &BTreeMap<String, String>) -> String {
-    let mut h = Sha256::new();
-    for (k, v) in data {
-        h.update(k.as_bytes());
-        h.update([0]);
-        h.update(v.as_bytes());
-        h.update([0]);
-    }
-    format!("{:x}", h.finalize())[..16].to_string()
+    Ok(config::router_env(&settings)
+        .map_err(RenderError::settings("endpoint-picker"))?
+        .0)
 }
 
 /// The InferencePool for `isvc`'s decode pods.
@@ -189,7 +181,7 @@ pub fn render(
     model: &model::ModelMount,
     owner: &OwnerReference,
     out: &mut Desired,
-) -> Result<(), String> {
+) -> Result<(), RenderError> {
     if !isvc.spec.gateway.inference_pool {
         return Ok(());
     }
@@ -275,7 +267,7 @@ pub fn render(
         .roles
         .iter_mut()
         .find(|r| r.metadata.name.as_deref() == Some(account.as_str()))
-        .ok_or("the router's Role must be rendered before the gateway objects")?;
+        .ok_or(RenderError::NoRouterRole)?;
     role.rules.get_or_insert_with(Vec::new).push(PolicyRule {
         api_groups: Some(vec!["inference.networking.k8s.io".into()]),
         resources: Some(vec!["inferencepools".into()]),

@@ -2,6 +2,7 @@
 //! exist. No I/O here; the controller applies the result with server-side apply.
 
 pub mod config;
+mod error;
 pub mod gateway;
 pub mod model;
 pub mod names;
@@ -21,6 +22,7 @@ use kube::{Resource, ResourceExt};
 use sha2::{Digest, Sha256};
 
 use crate::crd::{InferenceService, KvBackend, PoolSpec, ServiceType};
+pub use error::RenderError;
 use names::Component;
 
 /// What the operator knows beyond the spec.
@@ -66,6 +68,19 @@ pub fn fixed_groups(pool: &PoolSpec) -> i32 {
     pool.replicas.unwrap_or(1)
 }
 
+/// A short digest of a ConfigMap's data, put in the pod template's annotations so that a changed
+/// setting rolls the pods.
+fn config_hash(data: &BTreeMap<String, String>) -> String {
+    let mut h = Sha256::new();
+    for (k, v) in data {
+        h.update(k.as_bytes());
+        h.update([0]);
+        h.update(v.as_bytes());
+        h.update([0]);
+    }
+    format!("{:x}", h.finalize())[..16].to_string()
+}
+
 fn config_map(
     isvc: &InferenceService,
     c: Component,
@@ -74,14 +89,7 @@ fn config_map(
     let name = isvc.name_any();
     let ns = isvc.namespace().unwrap_or_default();
     let owner = isvc.controller_owner_ref(&()).unwrap_or_default();
-    let mut h = Sha256::new();
-    for (k, v) in &data {
-        h.update(k.as_bytes());
-        h.update([0]);
-        h.update(v.as_bytes());
-        h.update([0]);
-    }
-    let hash = format!("{:x}", h.finalize())[..16].to_string();
+    let hash = config_hash(&data);
     let cm = ConfigMap {
         metadata: objects::meta(
             names::config_map(&name, c),
@@ -99,7 +107,8 @@ fn worker_config(
     isvc: &InferenceService,
     pool: &PoolSpec,
     model_path: &str,
-) -> Result<BTreeMap<String, String>, String> {
+    c: Component,
+) -> Result<BTreeMap<String, String>, RenderError> {
     let backend = match isvc.spec.kv_transfer.backend {
         KvBackend::Auto => "auto",
         KvBackend::Ucx => "ucx",
@@ -118,7 +127,7 @@ fn worker_config(
         settings.push(("kv_blocks", b.to_string()));
     }
     settings.extend(internal_tls_settings(isvc));
-    let (mut env, _) = config::worker_env(&settings).map_err(|e| e.to_string())?;
+    let (mut env, _) = config::worker_env(&settings).map_err(RenderError::settings(c.as_str()))?;
     // UCX's default crash handler prints a backtrace from inside the signal handler, which
     // allocates: a crash inside malloc then hangs the pod instead of letting it restart. A pool's
     // own `env` can set it back.
@@ -156,13 +165,12 @@ fn internal_tls_settings(isvc: &InferenceService) -> Vec<(&'static str, String)>
 fn router_config(
     isvc: &InferenceService,
     model_path: &str,
-) -> Result<BTreeMap<String, String>, String> {
+) -> Result<BTreeMap<String, String>, RenderError> {
     let r = &isvc.spec.router;
-    let policy = serde_json::to_value(r.policy).map_err(|e| e.to_string())?;
     let mut settings = vec![
         ("listen", format!("0.0.0.0:{}", pods::ROUTER_HTTP_PORT)),
         ("model", model_path.to_string()),
-        ("policy", policy.as_str().unwrap_or_default().to_string()),
+        ("policy", r.policy.as_flag().to_string()),
     ];
     if let Some(n) = &isvc.spec.model.served_name {
         settings.push(("served_model_name", n.clone()));
@@ -180,7 +188,9 @@ fn router_config(
         settings.push(("api_keys_file", format!("{}/{}", pods::API_KEYS_DIR, s.key)));
     }
     settings.extend(internal_tls_settings(isvc));
-    Ok(config::router_env(&settings).map_err(|e| e.to_string())?.0)
+    Ok(config::router_env(&settings)
+        .map_err(RenderError::settings("router"))?
+        .0)
 }
 
 fn pool_objects(
@@ -191,12 +201,12 @@ fn pool_objects(
     inputs: &Inputs,
     model: &model::ModelMount,
     out: &mut Desired,
-) -> Result<(), String> {
+) -> Result<(), RenderError> {
     let name = isvc.name_any();
     let ns = isvc.namespace().unwrap_or_default();
     let owner = isvc.controller_owner_ref(&()).unwrap_or_default();
     let image = isvc.spec.image.as_deref().unwrap_or(&inputs.default_image);
-    let (cm, hash) = config_map(isvc, c, worker_config(isvc, pool, &model.model_path)?);
+    let (cm, hash) = config_map(isvc, c, worker_config(isvc, pool, &model.model_path, c)?);
     out.config_maps.push(cm);
     out.services
         .push(objects::pool_service(&name, &ns, c, &owner));
@@ -236,14 +246,10 @@ fn pool_objects(
 }
 
 /// The objects an InferenceService should own. `Err` says why none can be rendered.
-pub fn desired(isvc: &InferenceService, inputs: &Inputs) -> Result<Desired, String> {
+pub fn desired(isvc: &InferenceService, inputs: &Inputs) -> Result<Desired, RenderError> {
     let name = isvc.name_any();
-    let ns = isvc
-        .namespace()
-        .ok_or("InferenceService has no namespace")?;
-    let owner = isvc
-        .controller_owner_ref(&())
-        .ok_or("InferenceService has no uid yet")?;
+    let ns = isvc.namespace().ok_or(RenderError::NoNamespace)?;
+    let owner = isvc.controller_owner_ref(&()).ok_or(RenderError::NoUid)?;
     let model = model::model_mount(&isvc.spec.model.source, &inputs.fetch_image)?;
     let mut out = Desired::default();
     let spec = &isvc.spec;

@@ -6,6 +6,7 @@ use k8s_openapi::api::core::v1::{
     PersistentVolumeClaimVolumeSource, SecurityContext, Volume, VolumeMount,
 };
 
+use super::RenderError;
 use crate::crd::ModelSource;
 
 /// Where the model volume is mounted in every container.
@@ -48,14 +49,14 @@ fn restricted() -> SecurityContext {
 }
 
 /// The model volume for a source; `Err` names what is wrong (exactly one source must be set).
-pub fn model_mount(source: &ModelSource, fetch_image: &str) -> Result<ModelMount, String> {
+pub fn model_mount(source: &ModelSource, fetch_image: &str) -> Result<ModelMount, RenderError> {
     let set = [
         source.path.is_some(),
         source.url.is_some(),
         source.image.is_some(),
     ];
     if set.iter().filter(|s| **s).count() != 1 {
-        return Err("model.source needs exactly one of path, url, image".into());
+        return Err(RenderError::ModelSourceCount);
     }
     let mount = VolumeMount {
         name: "model".into(),
@@ -78,10 +79,7 @@ pub fn model_mount(source: &ModelSource, fetch_image: &str) -> Result<ModelMount
             Some(claim) => {
                 let rel = p.path.trim_start_matches('/');
                 if rel.split('/').any(|c| c == "..") {
-                    return Err(format!(
-                        "model.source.path.path {:?} leaves the claim",
-                        p.path
-                    ));
+                    return Err(RenderError::PathLeavesClaim(p.path.clone()));
                 }
                 ModelMount {
                     volume: Volume {
@@ -99,10 +97,7 @@ pub fn model_mount(source: &ModelSource, fetch_image: &str) -> Result<ModelMount
             }
             None => {
                 if !p.path.starts_with('/') {
-                    return Err(format!(
-                        "model.source.path.path {:?} must be absolute when no claimName is given",
-                        p.path
-                    ));
+                    return Err(RenderError::RelativeHostPath(p.path.clone()));
                 }
                 let (dir, file) = p.path.rsplit_once('/').unwrap_or(("", &p.path));
                 ModelMount {
@@ -237,7 +232,10 @@ mod tests {
 
     #[test]
     fn zero_or_two_sources_or_escaping_paths_are_errors() {
-        assert!(model_mount(&ModelSource::default(), "c").is_err());
+        assert!(matches!(
+            model_mount(&ModelSource::default(), "c"),
+            Err(RenderError::ModelSourceCount)
+        ));
         let both = ModelSource {
             path: Some(PathSource {
                 claim_name: None,
@@ -249,7 +247,10 @@ mod tests {
             }),
             ..Default::default()
         };
-        assert!(model_mount(&both, "c").unwrap_err().contains("exactly one"));
+        assert!(matches!(
+            model_mount(&both, "c"),
+            Err(RenderError::ModelSourceCount)
+        ));
         let escape = ModelSource {
             path: Some(PathSource {
                 claim_name: Some("c".into()),
@@ -257,7 +258,10 @@ mod tests {
             }),
             ..Default::default()
         };
-        assert!(model_mount(&escape, "c").unwrap_err().contains("leaves"));
+        assert!(matches!(
+            model_mount(&escape, "c"),
+            Err(RenderError::PathLeavesClaim(_))
+        ));
         let relative = ModelSource {
             path: Some(PathSource {
                 claim_name: None,
@@ -265,8 +269,8 @@ mod tests {
             }),
             ..Default::default()
         };
-        assert!(model_mount(&relative, "c")
-            .unwrap_err()
-            .contains("absolute"));
+        let e = model_mount(&relative, "c").unwrap_err();
+        assert!(matches!(e, RenderError::RelativeHostPath(_)), "{e}");
+        assert!(e.to_string().contains("absolute"), "{e}");
     }
 }

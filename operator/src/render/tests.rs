@@ -317,10 +317,33 @@ fn multi_node_groups_use_leader_worker_sets_or_stateful_sets() {
 fn unrenderable_specs_are_errors_not_panics() {
     let mut s = spec();
     s.model.source.path = None;
-    assert!(desired(&isvc(s), &inputs())
-        .unwrap_err()
-        .contains("exactly one"));
+    let e = desired(&isvc(s), &inputs()).unwrap_err();
+    assert!(matches!(e, RenderError::ModelSourceCount), "{e}");
+    assert!(e.to_string().contains("exactly one"), "{e}");
     let mut no_uid = isvc(spec());
     no_uid.metadata.uid = None;
-    assert!(desired(&no_uid, &inputs()).unwrap_err().contains("uid"));
+    assert!(matches!(
+        desired(&no_uid, &inputs()),
+        Err(RenderError::NoUid)
+    ));
+}
+
+#[test]
+fn the_policy_flag_is_the_crd_name() {
+    use crate::crd::Policy;
+    for p in [
+        Policy::PrefixOptimistic,
+        Policy::PrefixLoad,
+        Policy::RoundRobin,
+        Policy::LeastLoad,
+        Policy::Random,
+    ] {
+        assert_eq!(serde_json::to_value(p).unwrap(), p.as_flag());
+        // And the router's parser knows it.
+        let flag = p.as_flag();
+        assert!(
+            <cleave_config::router::PolicyKind as clap::ValueEnum>::from_str(flag, false).is_ok(),
+            "{flag}"
+        );
+    }
 }
