@@ -42,7 +42,7 @@ impl Discovery for Static {
         for (i, (role, endpoint)) in self.workers.into_iter().enumerate() {
             let id = WorkerId(i as u64);
             cluster.add(id, role, &endpoint)?;
-            tokio::spawn(crate::watch::follow(cluster.clone(), id, shutdown.clone()));
+            cluster.spawn(crate::watch::follow(cluster.clone(), id, shutdown.clone()));
         }
         Ok(())
     }

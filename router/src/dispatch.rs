@@ -13,6 +13,7 @@ use cleave_proto::convert::finish_from_wire;
 use cleave_proto::v1 as pb;
 use cleave_proto::v1::decode_worker_client::DecodeWorkerClient;
 use tokio_stream::StreamExt;
+use tokio_util::task::TaskTracker;
 use tonic::transport::Channel;
 
 use crate::api::backend::{
@@ -60,6 +61,9 @@ pub struct Cluster {
     epoch: Instant,
     /// Mutual TLS on the channels to the workers (`--internal-tls-*`).
     tls: Option<cleave_tls::Mutual>,
+    /// The router's background tasks (worker watches, discovery, KV-event feeds, reloads):
+    /// owned here, so shutdown can wait for them ([`Cluster::finish_tasks`]).
+    tasks: TaskTracker,
 }
 
 impl Default for Cluster {
@@ -72,6 +76,7 @@ impl Default for Cluster {
             spare: Mutex::new(Vec::new()),
             epoch: Instant::now(),
             tls: None,
+            tasks: TaskTracker::new(),
         }
     }
 }
@@ -108,6 +113,40 @@ impl Cluster {
     pub fn with_internal_tls(mut self, tls: Option<cleave_tls::Mutual>) -> Self {
         self.tls = tls;
         self
+    }
+
+    /// Runs `task` in the background as one of the router's own tasks; it must end when the
+    /// router's shutdown token is cancelled.
+    pub fn spawn<F>(&self, task: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: std::future::Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.tasks.spawn(task)
+    }
+
+    /// Background tasks still running.
+    pub fn background_tasks(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// After shutdown was signalled: waits up to `patience` for the background tasks to end and
+    /// returns how many had not (logged; the runtime's shutdown then drops them).
+    pub async fn finish_tasks(&self, patience: Duration) -> usize {
+        self.tasks.close();
+        if tokio::time::timeout(patience, self.tasks.wait())
+            .await
+            .is_err()
+        {
+            let left = self.tasks.len();
+            tracing::warn!(
+                left,
+                ?patience,
+                "background tasks did not end after shutdown"
+            );
+            return left;
+        }
+        0
     }
 
     /// In-flight placements whose blocks count in lookups (0 without the overlay).

@@ -41,7 +41,7 @@ pub struct Running {
     pub addr: SocketAddr,
     /// The pool picked from (tests inspect it).
     pub pool: Arc<Pool>,
-    /// Ends when the server stops.
+    /// Ends when the server and the pool's background tasks have stopped.
     pub task: tokio::task::JoinHandle<Result<(), RouterError>>,
 }
 
@@ -138,13 +138,17 @@ pub async fn run(
     // Nagle off: picks are small messages Envoy waits for.
     let incoming = tonic::transport::server::TcpIncoming::from_listener(listener, true, None)
         .map_err(RouterError::Grpc)?;
+    let owner = pool.cluster().clone();
     let task = tokio::spawn(async move {
-        tonic::transport::Server::builder()
+        let served = tonic::transport::Server::builder()
             .add_service(health)
             .add_service(service)
             .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
-            .await
-            .map_err(|e| RouterError::Grpc(e.into()))
+            .await;
+        // The pool's member watches and scrapes and the InferencePool follower end on the same
+        // token; the task ends once they have.
+        owner.finish_tasks(crate::serve::TASKS_PATIENCE).await;
+        served.map_err(|e| RouterError::Grpc(e.into()))
     });
     Ok(Running { addr, pool, task })
 }

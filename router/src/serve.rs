@@ -27,13 +27,16 @@ use crate::place::{BuildPolicy, PlaceConfig, Role};
 use crate::tls::TlsReloader;
 use crate::RouterError;
 
+/// How long a stopping router waits for its background tasks.
+pub const TASKS_PATIENCE: Duration = Duration::from_secs(5);
+
 /// A started router.
 pub struct Running {
     /// Where the API listens.
     pub addr: SocketAddr,
     /// The placement state (tests inspect it).
     pub cluster: Arc<Cluster>,
-    /// Ends when the server stops.
+    /// Ends when the server and the cluster's background tasks have stopped.
     pub task: tokio::task::JoinHandle<Result<(), RouterError>>,
     /// The TLS identity when serving HTTPS (tests watch its reloads).
     pub tls: Option<Arc<TlsReloader>>,
@@ -158,29 +161,32 @@ pub async fn run(
     tracing::info!(%addr, policy = ?config.policy, https = tls.is_some(), "router listening");
     let app = crate::api::router(state);
     spawn_reloads(
+        &cluster,
         tls.clone(),
         api_keys.clone(),
         config.reload_interval,
         shutdown.clone(),
     );
-    let task = match tls.clone() {
-        Some(tls) => tokio::spawn(async move {
-            crate::tls::serve(listener, app, tls, shutdown)
-                .await
-                .map_err(RouterError::Serve)
-        }),
-        None => tokio::spawn(async move {
-            // Nagle off: streamed tokens are small writes, and one held back until the client's
-            // delayed ACK (40 ms on Linux) is a stall in its stream.
-            let listener = axum::serve::ListenerExt::tap_io(listener, |t| {
-                let _ = t.set_nodelay(true);
-            });
-            axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown.cancelled_owned())
-                .await
-                .map_err(RouterError::Serve)
-        }),
-    };
+    let (owner, served_tls) = (cluster.clone(), tls.clone());
+    let task = tokio::spawn(async move {
+        let served = match served_tls {
+            Some(tls) => crate::tls::serve(listener, app, tls, shutdown).await,
+            None => {
+                // Nagle off: streamed tokens are small writes, and one held back until the
+                // client's delayed ACK (40 ms on Linux) is a stall in its stream.
+                let listener = axum::serve::ListenerExt::tap_io(listener, |t| {
+                    let _ = t.set_nodelay(true);
+                });
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(shutdown.cancelled_owned())
+                    .await
+            }
+        };
+        // The server has stopped (shutdown was cancelled): the watches, discovery, feeds and
+        // reloads end on the same token; the task ends once they have.
+        owner.finish_tasks(TASKS_PATIENCE).await;
+        served.map_err(RouterError::Serve)
+    });
     Ok(Running {
         addr,
         cluster,
@@ -193,6 +199,7 @@ pub async fn run(
 /// Rereads the TLS files and the API keys file every `every` and on `SIGHUP`, until
 /// `shutdown`. A file that changed but does not load is logged; what was in force stays.
 fn spawn_reloads(
+    cluster: &Cluster,
     tls: Option<Arc<TlsReloader>>,
     keys: Option<Arc<Keys>>,
     every: Duration,
@@ -201,7 +208,7 @@ fn spawn_reloads(
     if tls.is_none() && keys.is_none() {
         return;
     }
-    tokio::spawn(async move {
+    cluster.spawn(async move {
         #[cfg(unix)]
         let mut hangup =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();

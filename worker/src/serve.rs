@@ -16,6 +16,7 @@ use cleave_kv_transfer::{default_transport, RegionHandle, Transport};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tonic::service::Routes;
 
 use crate::config::{Role, WorkerConfig};
@@ -177,7 +178,10 @@ pub async fn run(
     let serving = shutdown.child_token();
     let mut registry = Registry::default();
     let metrics = Arc::new(WorkerMetrics::new(&mut registry));
-    let watch = WatchHub::start(engine.clone(), serving.clone());
+    // The worker's own background tasks (the KV-event collector, the failure watch): the
+    // worker's task ends only after they have.
+    let tasks = TaskTracker::new();
+    let watch = WatchHub::start(engine.clone(), serving.clone(), &tasks);
     let state = Arc::new(WorkerState {
         config: config.clone(),
         engine,
@@ -245,7 +249,7 @@ pub async fn run(
             return Err(e);
         }
     };
-    tokio::spawn(watch_failure(
+    tasks.spawn(watch_failure(
         state.clone(),
         serving,
         shutdown.clone(),
@@ -256,8 +260,13 @@ pub async fn run(
         if let Some(r) = registration {
             let _ = r.await;
         }
-        grpc_task.await?.map_err(|e| WorkerError::Grpc(e.into()))?;
-        http_task.await?.map_err(WorkerError::Http)?;
+        let grpc = grpc_task.await;
+        let http = http_task.await;
+        // Both servers have stopped, so `serving` (a child of `shutdown`) is cancelled too.
+        tasks.close();
+        tasks.wait().await;
+        grpc?.map_err(|e| WorkerError::Grpc(e.into()))?;
+        http?.map_err(WorkerError::Http)?;
         if st.failed.load(Ordering::SeqCst) {
             return Err(WorkerError::GroupFailed);
         }

@@ -12,6 +12,7 @@ use cleave_engine::kv::{KvEvent, KvEventRecord};
 use cleave_proto::v1 as pb;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// How often the engine's events and load are collected.
 pub const POLL: Duration = Duration::from_millis(20);
@@ -59,8 +60,13 @@ pub fn load(engine: &Engine) -> pb::Load {
 }
 
 impl WatchHub {
-    /// Starts collecting from `engine` until `shutdown`, which also ends every Watch stream.
-    pub fn start(engine: Arc<Engine>, shutdown: CancellationToken) -> Arc<Self> {
+    /// Starts collecting from `engine` until `shutdown`, which also ends every Watch stream; the
+    /// collecting task belongs to `tasks`.
+    pub fn start(
+        engine: Arc<Engine>,
+        shutdown: CancellationToken,
+        tasks: &TaskTracker,
+    ) -> Arc<Self> {
         let (tx, _) = broadcast::channel(1024);
         let hub = Arc::new(WatchHub {
             state: Mutex::new(State {
@@ -71,7 +77,7 @@ impl WatchHub {
             stop: shutdown.clone(),
         });
         let h = hub.clone();
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             let mut tick = tokio::time::interval(POLL);
             loop {
                 tokio::select! {

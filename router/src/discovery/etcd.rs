@@ -103,9 +103,9 @@ impl Discovery for Etcd {
             listing,
             revision,
         } = *self;
-        let mut members = Members::new(cluster, shutdown, FIRST_ID);
+        let mut members = Members::new(cluster.clone(), shutdown, FIRST_ID);
         members.reconcile(listing);
-        tokio::spawn(follow(client, prefix, relist_every, revision, members));
+        cluster.spawn(follow(client, prefix, relist_every, revision, members));
         Ok(())
     }
 }

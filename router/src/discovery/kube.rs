@@ -211,9 +211,9 @@ impl Discovery for Kube {
             listing,
             ..
         } = *self;
-        let mut members = Members::new(cluster, shutdown, FIRST_ID);
+        let mut members = Members::new(cluster.clone(), shutdown, FIRST_ID);
         members.reconcile(listing);
-        tokio::spawn(follow(api, selector, relist_every, members));
+        cluster.spawn(follow(api, selector, relist_every, members));
         Ok(())
     }
 }

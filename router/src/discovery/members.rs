@@ -54,7 +54,7 @@ impl Members {
             return;
         }
         tracing::info!(worker = %id, %key, endpoint = %record.endpoint, role = ?record.role, "worker discovered");
-        tokio::spawn(crate::watch::follow(
+        self.cluster.spawn(crate::watch::follow(
             self.cluster.clone(),
             id,
             self.shutdown.clone(),

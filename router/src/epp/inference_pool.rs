@@ -246,7 +246,9 @@ impl KubePool {
         pool.reconcile(self.list(&target).await?);
         tracing::info!(pool = %self.name, namespace = %self.namespace, selector = %target.selector, ports = ?target.ports, "InferencePool read");
         let first = target.clone();
-        tokio::spawn(self.follow(target, pool, shutdown));
+        pool.cluster()
+            .clone()
+            .spawn(self.follow(target, pool, shutdown));
         Ok(first)
     }
 

@@ -178,10 +178,11 @@ impl Pool {
         let stop = self.shutdown.child_token();
         match &member.backend {
             Backend::Cleave { .. } => {
-                tokio::spawn(crate::watch::follow(self.cluster.clone(), id, stop.clone()));
+                self.cluster
+                    .spawn(crate::watch::follow(self.cluster.clone(), id, stop.clone()));
             }
             Backend::Metrics { url } => {
-                tokio::spawn(scrape::follow(
+                self.cluster.spawn(scrape::follow(
                     self.cluster.clone(),
                     id,
                     url.clone(),

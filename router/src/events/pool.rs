@@ -207,7 +207,7 @@ impl Pool {
                 chain.clone(),
                 shutdown.clone(),
             );
-            tokio::spawn(probe(
+            cluster.spawn(probe(
                 cluster.clone(),
                 client.clone(),
                 id,

@@ -116,7 +116,9 @@ pub fn spawn(
 ) -> watch::Receiver<FeedStats> {
     let (tx, rx) = watch::channel(FeedStats::default());
     let feed = PodFeed::new(worker, config);
-    tokio::spawn(follow(cluster, source, feed, tx, shutdown));
+    cluster
+        .clone()
+        .spawn(follow(cluster, source, feed, tx, shutdown));
     rx
 }
 
