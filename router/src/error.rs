@@ -26,7 +26,7 @@ pub enum RouterError {
     #[error("--api-keys-file")]
     Keys(#[from] crate::keys::KeysError),
     /// The HTTPS certificate, key or client CA (or the internal mutual-TLS files) do not load.
-    #[error("TLS")]
+    #[error("the TLS files do not load")]
     Tls(#[from] cleave_tls::TlsError),
     /// A configured worker endpoint.
     #[error(transparent)]

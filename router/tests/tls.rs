@@ -420,7 +420,7 @@ async fn unusable_tls_files_stop_the_start_with_the_file_named() {
             shutdown.cancel();
             match r {
                 Ok(_) => panic!("the router started with unusable TLS files"),
-                Err(e) => format!("{e:#}"),
+                Err(e) => cleave_telemetry::error_chain(&e),
             }
         }
     };

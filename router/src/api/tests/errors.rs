@@ -335,7 +335,9 @@ async fn full_admission_is_429_with_retry_after() {
     assert_eq!(again.status(), StatusCode::OK);
 }
 
-#[tokio::test]
+// The clock is paused: the 300 ms deadline passes as soon as the hung request is idle, without
+// waiting for it in real time.
+#[tokio::test(start_paused = true)]
 async fn request_deadline_is_504() {
     let Some(h) = harness(Opts {
         mode: Mode::Hang,
