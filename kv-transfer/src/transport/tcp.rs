@@ -121,11 +121,13 @@ impl TcpTransport {
 
     /// Asks the region's owner whether it is alive and still has the region; the UCX backend
     /// calls this after its one-sided puts complete.
+    #[cfg(have_ucx)]
     pub(crate) async fn confirm(&self, remote: &RegionDescriptor) -> Result<(), Error> {
         send::ping(&self.shared, remote).await
     }
 
     /// The configuration this transport was built with.
+    #[cfg(have_ucx)]
     pub(crate) fn config(&self) -> &TransportConfig {
         &self.shared.config
     }
