@@ -130,9 +130,9 @@ impl Cluster {
         self.tasks.len()
     }
 
-    /// After shutdown was signalled: waits up to `patience` for the background tasks to end and
-    /// returns how many had not (logged; the runtime's shutdown then drops them).
-    pub async fn finish_tasks(&self, patience: Duration) -> usize {
+    /// After shutdown was signalled: waits up to `patience` for the background tasks to end;
+    /// those that have not are logged (the runtime's shutdown then drops them).
+    pub async fn finish_tasks(&self, patience: Duration) {
         self.tasks.close();
         if tokio::time::timeout(patience, self.tasks.wait())
             .await
@@ -144,9 +144,7 @@ impl Cluster {
                 ?patience,
                 "background tasks did not end after shutdown"
             );
-            return left;
         }
-        0
     }
 
     /// In-flight placements whose blocks count in lookups (0 without the overlay).

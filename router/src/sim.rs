@@ -51,9 +51,6 @@ pub use tenants::TenantTrace;
 /// Errors of the simulator.
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
-    /// The trace could not be read.
-    #[error(transparent)]
-    Trace(#[from] TraceError),
     /// The trace has no requests, or the configuration no workers.
     #[error("nothing to simulate: {0}")]
     Empty(&'static str),

@@ -214,7 +214,7 @@ pub async fn reconcile(isvc: Arc<InferenceService>, ctx: Arc<Ctx>) -> Result<Act
     let desired = match render::desired(&isvc, &inputs) {
         Ok(d) => d,
         Err(e) => {
-            obs.invalid.push(e.to_string());
+            obs.invalid.push(cleave_telemetry::error_chain(&e));
             write_status(&ctx, &isvc, &obs).await?;
             return Ok(Action::requeue(Duration::from_secs(300)));
         }

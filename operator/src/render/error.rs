@@ -22,7 +22,7 @@ pub enum RenderError {
     #[error("model.source.path.path {0:?} must be absolute when no claimName is given")]
     RelativeHostPath(String),
     /// A pod's settings were refused by the binary's own flag parser.
-    #[error("{component} settings: {source}")]
+    #[error("{component} settings")]
     Settings {
         /// `prefill`, `decode`, `router` or `endpoint-picker`.
         component: &'static str,
