@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use cleave_types::duration::parse_positive_duration;
+use cleave_types::duration::{parse_duration, parse_positive_duration};
 
 /// Router settings.
 #[derive(Clone, Debug, Args)]
@@ -79,6 +79,13 @@ pub struct RouterConfig {
     /// rereads them at once).
     #[arg(long, env = "CLEAVE_RELOAD_INTERVAL", value_parser = parse_positive_duration, default_value = "10s")]
     pub reload_interval: Duration,
+    /// After SIGTERM or Ctrl-C, keep serving for this long before stopping: new connections are
+    /// still accepted, every response carries `Connection: close` (clients move off their
+    /// kept-alive connections) and `/ready` answers 503; then the server stops accepting and
+    /// finishes what is in flight. The operator sets it so that kube-proxy can drop a
+    /// terminating router from its Service meanwhile (docs/operator.md). Default: stop at once.
+    #[arg(long, env = "CLEAVE_DRAIN_PERIOD", value_parser = parse_duration, default_value = "0s")]
+    pub drain_period: Duration,
     /// Requests running at once.
     #[arg(long, env = "CLEAVE_MAX_IN_FLIGHT", default_value_t = 64)]
     pub max_in_flight: usize,

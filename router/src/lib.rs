@@ -6,6 +6,7 @@
 //!   the router through the [`api::backend::Backend`] trait.
 //! - [`admit`]: bounded in-flight and queue limits and the per-request deadline; [`keys`]:
 //!   the API keys and their per-key limits (requests and tokens per minute, concurrency).
+//! - [`drain`]: the stop's drain period (`--drain-period`: `Connection: close`, `/ready` 503).
 //! - [`tls`]: HTTPS on the OpenAI endpoint (rustls, ALPN h2/http1.1, optional client
 //!   certificates, certificate reload without restart).
 //! - [`place`]: the [`place::Policy`] trait and its policies (`prefix-optimistic`, the default:
@@ -34,6 +35,7 @@ pub mod api;
 pub mod config;
 pub mod discovery;
 pub mod dispatch;
+pub mod drain;
 pub mod epp;
 mod error;
 pub mod events;

@@ -22,6 +22,7 @@ use crate::discovery::etcd::Etcd;
 use crate::discovery::kube::Kube;
 use crate::discovery::{Discovery, Static};
 use crate::dispatch::{Cluster, Dispatcher};
+use crate::drain::Drain;
 use crate::keys::{KeyMetrics, Keys};
 use crate::place::{BuildPolicy, PlaceConfig, Role};
 use crate::tls::TlsReloader;
@@ -42,15 +43,23 @@ pub struct Running {
     pub tls: Option<Arc<TlsReloader>>,
     /// The API keys when `--api-keys-file` is set (tests watch their reloads).
     pub keys: Option<Arc<Keys>>,
+    /// Cancelled when the stop signal arrives and the drain period begins.
+    pub draining: CancellationToken,
 }
 
-/// Starts the router until `shutdown`; returns once it listens.
+/// Starts the router until `shutdown` (and `--drain-period` after it); returns once it listens.
 pub async fn run(
     config: RouterConfig,
     shutdown: CancellationToken,
 ) -> Result<Running, RouterError> {
     // The effective configuration (flags, environment and defaults), once.
     tracing::info!(config = ?config, "router configuration");
+    // `shutdown` is the stop signal; the server and every task below end on `drain.stop`,
+    // `--drain-period` later.
+    let drain = Drain::after(shutdown, config.drain_period);
+    let shutdown = drain.stop.clone();
+    // A start that fails below stops what it started (and the drain's wait for the signal).
+    let stop_on_error = drain.stop.clone().drop_guard();
     let text = ModelText::open(&config.model).map_err(|source| RouterError::Model {
         path: config.model.clone(),
         source,
@@ -159,7 +168,10 @@ pub async fn run(
         })?;
     let addr = listener.local_addr().map_err(RouterError::Serve)?;
     tracing::info!(%addr, policy = ?config.policy, https = tls.is_some(), "router listening");
-    let app = crate::api::router(state);
+    let app = crate::api::router(state).layer(axum::middleware::from_fn_with_state(
+        drain.draining.clone(),
+        crate::drain::layer,
+    ));
     spawn_reloads(
         &cluster,
         tls.clone(),
@@ -167,7 +179,7 @@ pub async fn run(
         config.reload_interval,
         shutdown.clone(),
     );
-    let (owner, served_tls) = (cluster.clone(), tls.clone());
+    let (owner, served_tls, stop) = (cluster.clone(), tls.clone(), drain.stop.clone());
     let task = tokio::spawn(async move {
         let served = match served_tls {
             Some(tls) => crate::tls::serve(listener, app, tls, shutdown).await,
@@ -182,17 +194,20 @@ pub async fn run(
                     .await
             }
         };
-        // The server has stopped (shutdown was cancelled): the watches, discovery, feeds and
-        // reloads end on the same token; the task ends once they have.
+        // The server has stopped (on `stop`, or failing): the watches, discovery, feeds
+        // and reloads end on the same token; the task ends once they have.
+        stop.cancel();
         owner.finish_tasks(TASKS_PATIENCE).await;
         served.map_err(RouterError::Serve)
     });
+    stop_on_error.disarm();
     Ok(Running {
         addr,
         cluster,
         task,
         tls,
         keys: api_keys,
+        draining: drain.draining.clone(),
     })
 }
 

@@ -171,6 +171,7 @@ fn router_config(
         ("listen", format!("0.0.0.0:{}", pods::ROUTER_HTTP_PORT)),
         ("model", model_path.to_string()),
         ("policy", r.policy.as_flag().to_string()),
+        ("drain_period", format!("{}s", pods::ROUTER_DRAIN_SECONDS)),
     ];
     if let Some(n) = &isvc.spec.model.served_name {
         settings.push(("served_model_name", n.clone()));

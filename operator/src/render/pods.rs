@@ -4,9 +4,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapEnvSource, Container, ContainerPort, EnvFromSource, EnvVar,
-    EnvVarSource, ExecAction, HTTPGetAction, Lifecycle, LifecycleHandler, ObjectFieldSelector,
-    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SecretVolumeSource, SecurityContext,
-    Volume, VolumeMount,
+    EnvVarSource, HTTPGetAction, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec,
+    Probe, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -346,20 +345,11 @@ pub fn router_container(
         resources: isvc.spec.router.resources.clone(),
         security_context: Some(container_security()),
         termination_message_policy: Some(LOG_ON_ERROR.into()),
-        // Clients reach routers through a Service: keep accepting connections until kube-proxy
-        // has dropped a terminating pod from its endpoints, then drain (SIGTERM).
-        lifecycle: Some(Lifecycle {
-            pre_stop: Some(LifecycleHandler {
-                exec: Some(ExecAction {
-                    command: Some(vec!["sleep".into(), ROUTER_PRE_STOP_SECONDS.to_string()]),
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
         ..Default::default()
     }
 }
 
-/// How long a terminating router keeps serving new connections (its preStop hook).
-pub const ROUTER_PRE_STOP_SECONDS: u32 = 5;
+/// How long a terminating router keeps serving after SIGTERM (its `--drain-period`): clients
+/// reach routers through a Service, and kube-proxy drops a terminating pod from it meanwhile,
+/// while the router's `Connection: close` moves kept-alive clients to the routers that stay.
+pub const ROUTER_DRAIN_SECONDS: u32 = 5;

@@ -141,6 +141,8 @@ fn config_maps_hold_the_binaries_settings() {
     assert!(!cm("chat-prefill").contains_key("CLEAVE_KV_BLOCKS"));
     let router = cm("chat-router");
     assert_eq!(router["CLEAVE_POLICY"], "prefix-optimistic");
+    // A terminating router drains while kube-proxy drops it from the Service.
+    assert_eq!(router["CLEAVE_DRAIN_PERIOD"], "5s");
     assert_eq!(router["CLEAVE_API_KEYS_FILE"], "/etc/cleave/api-keys/list");
     assert_eq!(router["CLEAVE_QUEUE_TIMEOUT"], "3s");
     let r = deployment(&d, "chat-router");
