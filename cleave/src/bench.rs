@@ -449,27 +449,10 @@ pub fn ttft_breakdown(
         .build()?;
     rt.block_on(async move {
         let config = WorkerConfig {
-            model: model.clone(),
-            grpc_addr: "127.0.0.1:0".parse()?,
-            http_addr: "127.0.0.1:0".parse()?,
-            kv_blocks: 512,
-            kv_dtype: Default::default(),
-            threads: 1,
-            runtime_threads: 2,
-            step_tokens: 256,
             prefill_tokens_while_decoding: 0,
-            transport: Default::default(),
-            kv_listen: None,
-            kv_advertise: None,
             prefill_timeout: Duration::from_secs(120),
             local_fallback: false,
-            local_prefill_below_tokens: 0,
-            etcd: None,
-            etcd_prefix: "/cleave/workers/".into(),
-            advertise_addr: None,
-            etcd_lease_ttl: Duration::from_secs(10),
-            group: Default::default(),
-            internal_tls: Default::default(),
+            ..WorkerConfig::defaults(model.clone())
         };
         let stop = tokio_util::sync::CancellationToken::new();
         let prefill = run(cleave_prefill_worker::SERVICE, config.clone(), stop.clone()).await?;

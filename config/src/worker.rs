@@ -103,3 +103,41 @@ pub struct WorkerConfig {
     #[command(flatten)]
     pub internal_tls: crate::internal_tls::InternalTlsArgs,
 }
+
+impl WorkerConfig {
+    /// Every setting at its flag's default, serving `model` on loopback with free ports: the
+    /// start of a worker run in-process (tests, benchmarks, the fuzzer), which then sets what
+    /// it needs with struct-update syntax. The process's `CLEAVE_*` variables are not read.
+    pub fn defaults(model: impl Into<PathBuf>) -> WorkerConfig {
+        use clap::FromArgMatches;
+        let cmd = <WorkerConfig as Args>::augment_args(clap::Command::new("cleave-worker"))
+            .no_binary_name(true)
+            .mut_args(|a| a.env(None));
+        let args = [
+            std::ffi::OsString::from("--model"),
+            model.into().into_os_string(),
+        ];
+        // Every other flag has a default, and the defaults are valid (tested below).
+        let matches = cmd
+            .try_get_matches_from(args)
+            .expect("the flags' defaults parse");
+        WorkerConfig::from_arg_matches(&matches).expect("the flags' defaults parse")
+    }
+}
+
+#[cfg(test)]
+mod defaults_tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_flags_defaults_on_loopback() {
+        let c = WorkerConfig::defaults("m.gguf");
+        assert_eq!(c.model, PathBuf::from("m.gguf"));
+        assert!(c.grpc_addr.ip().is_loopback() && c.grpc_addr.port() == 0);
+        assert!(c.http_addr.ip().is_loopback() && c.http_addr.port() == 0);
+        assert_eq!(c.kv_blocks, 512);
+        assert_eq!(c.prefill_timeout, Duration::from_secs(30));
+        assert!(c.local_fallback);
+        assert!(c.etcd.is_none());
+    }
+}

@@ -163,28 +163,15 @@ async fn router_discovers_and_drops_an_etcd_registered_worker() {
     let worker_stop = CancellationToken::new();
     let worker = cleave_decode_worker::run(
         WorkerConfig {
-            model: model.clone(),
-            grpc_addr: "127.0.0.1:0".parse().unwrap(),
-            http_addr: "127.0.0.1:0".parse().unwrap(),
             kv_blocks: 64,
-            kv_dtype: Default::default(),
-            threads: 1,
-            runtime_threads: 2,
             step_tokens: 32,
             prefill_tokens_while_decoding: 0,
-            transport: Default::default(),
-            kv_listen: None,
-            kv_advertise: None,
             prefill_timeout: Duration::from_secs(20),
-            local_fallback: true,
-            local_prefill_below_tokens: 0,
             etcd: Some(etcd.endpoint.clone()),
             etcd_prefix: prefix.into(),
-            advertise_addr: None,
             // Longer than the wait below: the worker must go because its lease is revoked, not expired.
             etcd_lease_ttl: Duration::from_secs(30),
-            group: Default::default(),
-            internal_tls: Default::default(),
+            ..WorkerConfig::defaults(model.clone())
         },
         worker_stop.clone(),
     )

@@ -423,27 +423,13 @@ async fn call_prefill(ch: Channel, bytes: Vec<u8>, decodes: bool) -> Result<Stri
 
 fn config(model: PathBuf) -> WorkerConfig {
     WorkerConfig {
-        model,
-        grpc_addr: "127.0.0.1:0".parse().expect("addr"),
-        http_addr: "127.0.0.1:0".parse().expect("addr"),
         kv_blocks: 96,
-        kv_dtype: Default::default(),
-        threads: 1,
         runtime_threads: 1,
         step_tokens: 64,
         prefill_tokens_while_decoding: 0,
         transport: BackendChoice::Tcp,
-        kv_listen: None,
-        kv_advertise: None,
         prefill_timeout: Duration::from_secs(5),
-        local_fallback: true,
-        local_prefill_below_tokens: 0,
-        etcd: None,
-        etcd_prefix: "/cleave/workers/".into(),
-        advertise_addr: None,
-        etcd_lease_ttl: Duration::from_secs(10),
-        group: Default::default(),
-        internal_tls: Default::default(),
+        ..WorkerConfig::defaults(model)
     }
 }
 

@@ -18,27 +18,12 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 pub fn config(transport: BackendChoice) -> WorkerConfig {
     WorkerConfig {
-        model: default_model_path(),
-        grpc_addr: "127.0.0.1:0".parse().unwrap(),
-        http_addr: "127.0.0.1:0".parse().unwrap(),
         kv_blocks: 128,
-        kv_dtype: Default::default(),
-        threads: 1,
-        runtime_threads: 2,
         step_tokens: 32,
         prefill_tokens_while_decoding: 0,
         transport,
-        kv_listen: None,
-        kv_advertise: None,
         prefill_timeout: Duration::from_secs(20),
-        local_fallback: true,
-        local_prefill_below_tokens: 0,
-        etcd: None,
-        etcd_prefix: "/cleave/workers/".into(),
-        advertise_addr: None,
-        etcd_lease_ttl: Duration::from_secs(10),
-        group: Default::default(),
-        internal_tls: Default::default(),
+        ..WorkerConfig::defaults(default_model_path())
     }
 }
 
