@@ -104,7 +104,8 @@ impl DecodeWorker for Decode {
         // Continue the router's trace; the prefill worker then continues this span.
         cleave_telemetry::set_parent(&span, traceparent.as_deref());
         let traceparent = cleave_telemetry::traceparent_of(&span).or(traceparent);
-        tokio::spawn(tracing::Instrument::instrument(
+        // The worker owns the request's task (WorkerState::tasks); it ends with the stream.
+        self.state.tasks.spawn(tracing::Instrument::instrument(
             async move {
                 let mut import: Option<tokio::task::JoinHandle<()>> = None;
                 let mut disaggregated = false;
@@ -150,7 +151,7 @@ impl DecodeWorker for Decode {
                         };
                         disaggregated = true;
                         let timing = timing_tx.take().expect("one import per request");
-                        import = Some(tokio::spawn(import_kv::run(
+                        import = Some(state.tasks.spawn(import_kv::run(
                             state.clone(),
                             prefill.clone(),
                             job,

@@ -33,7 +33,9 @@ impl Drop for Guard<'_> {
                 // The followers' writes for this request stop too.
                 let engine = self.state.engine.clone();
                 let msg = Relay::Cancel { key: self.id.0 }.encode();
-                tokio::spawn(async move { engine.group_relay(msg, false).await });
+                self.state
+                    .tasks
+                    .spawn(async move { engine.group_relay(msg, false).await });
             }
         }
     }

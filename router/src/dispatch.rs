@@ -115,8 +115,8 @@ impl Cluster {
         self
     }
 
-    /// Runs `task` in the background as one of the router's own tasks; it must end when the
-    /// router's shutdown token is cancelled.
+    /// Runs `task` as one of the router's own tasks (a background task, or a request's relay);
+    /// it must end when the router's shutdown token is cancelled or its request ends.
     pub fn spawn<F>(&self, task: F) -> tokio::task::JoinHandle<F::Output>
     where
         F: std::future::Future + Send + 'static,
@@ -125,7 +125,7 @@ impl Cluster {
         self.tasks.spawn(task)
     }
 
-    /// Background tasks still running.
+    /// The router's tasks still running (background ones and requests' relays).
     pub fn background_tasks(&self) -> usize {
         self.tasks.len()
     }

@@ -48,11 +48,18 @@ pub struct WorkerState {
     /// Mutual TLS of the gRPC server, the channels to other workers and the KV transport
     /// (`--internal-tls-*`); `None`: plain.
     pub internal_tls: Option<cleave_tls::Mutual>,
+    /// Every task the worker spawns: its background tasks (the KV-event collector, the failure
+    /// watch) and each request's (a `Generate` call's relay, its KV import, a `Watch` stream).
+    /// The worker's task ends once they have (or [`TASKS_PATIENCE`] after its servers).
+    pub tasks: TaskTracker,
     registry: Mutex<Registry>,
     ready: AtomicBool,
     /// The engine stopped because a rank of its group failed.
     failed: AtomicBool,
 }
+
+/// How long a stopping worker waits for its tasks once its servers have stopped.
+pub const TASKS_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A started worker.
 pub struct Running {
@@ -178,8 +185,7 @@ pub async fn run(
     let serving = shutdown.child_token();
     let mut registry = Registry::default();
     let metrics = Arc::new(WorkerMetrics::new(&mut registry));
-    // The worker's own background tasks (the KV-event collector, the failure watch): the
-    // worker's task ends only after they have.
+    // Every task the worker spawns (WorkerState::tasks).
     let tasks = TaskTracker::new();
     let watch = WatchHub::start(engine.clone(), serving.clone(), &tasks);
     let state = Arc::new(WorkerState {
@@ -193,6 +199,7 @@ pub async fn run(
         ranks,
         watch,
         internal_tls,
+        tasks: tasks.clone(),
         registry: Mutex::new(registry),
         ready: AtomicBool::new(false),
         failed: AtomicBool::new(false),
@@ -264,7 +271,15 @@ pub async fn run(
         let http = http_task.await;
         // Both servers have stopped, so `serving` (a child of `shutdown`) is cancelled too.
         tasks.close();
-        tasks.wait().await;
+        if tokio::time::timeout(TASKS_PATIENCE, tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                left = tasks.len(),
+                "tasks still running after the stop; not waiting for them"
+            );
+        }
         grpc?.map_err(|e| WorkerError::Grpc(e.into()))?;
         http?.map_err(WorkerError::Http)?;
         if st.failed.load(Ordering::SeqCst) {

@@ -28,6 +28,8 @@ pub struct WatchHub {
     tx: broadcast::Sender<pb::WorkerUpdate>,
     /// Cancelled when the worker stops serving: every Watch stream ends.
     stop: CancellationToken,
+    /// The worker's tasks; each Watch stream's relay is one.
+    tasks: TaskTracker,
 }
 
 fn wire_event(r: &KvEventRecord) -> pb::KvEvent {
@@ -61,7 +63,7 @@ pub fn load(engine: &Engine) -> pb::Load {
 
 impl WatchHub {
     /// Starts collecting from `engine` until `shutdown`, which also ends every Watch stream; the
-    /// collecting task belongs to `tasks`.
+    /// collecting task and each Watch stream's relay belong to `tasks`.
     pub fn start(
         engine: Arc<Engine>,
         shutdown: CancellationToken,
@@ -75,6 +77,7 @@ impl WatchHub {
             }),
             tx,
             stop: shutdown.clone(),
+            tasks: tasks.clone(),
         });
         let h = hub.clone();
         tasks.spawn(async move {
@@ -139,7 +142,7 @@ pub fn stream(
     let (first, mut rx) = hub.subscribe(engine);
     let (tx, out) = tokio::sync::mpsc::channel(64);
     let stop = hub.stop.clone();
-    tokio::spawn(async move {
+    hub.tasks.spawn(async move {
         if tx.send(Ok(first)).await.is_err() {
             return;
         }

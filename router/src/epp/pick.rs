@@ -16,6 +16,7 @@
 //! lives in [`Picked`] until the request ends. Disaggregation is off: the picked server
 //! prefills itself.
 
+use crate::dispatch::Cluster;
 use std::sync::Arc;
 
 use cleave_engine::chat::ChatTemplate;
@@ -151,6 +152,11 @@ pub struct Picker {
 }
 
 impl Picker {
+    /// The pool's placement state (it owns the picker's tasks).
+    pub fn cluster(&self) -> &Arc<Cluster> {
+        self.pool.cluster()
+    }
+
     /// A picker over `pool` placing with `policy` for the served `model`.
     pub fn new(
         pool: Arc<Pool>,

@@ -70,7 +70,8 @@ impl ExternalProcessor for EndpointPicker {
             picked: None,
             routed: false,
         };
-        tokio::spawn(exchange.run(inbound));
+        // One of the router's tasks: it ends with Envoy's stream or at the stop.
+        self.picker.cluster().spawn(exchange.run(inbound));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }

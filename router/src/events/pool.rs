@@ -337,7 +337,7 @@ impl Backend for Pool {
             }
             let (tx, rx) = mpsc::channel(64);
             let prompt_tokens = req.prompt.len();
-            tokio::spawn(relay(resp, tx, release, prompt_tokens));
+            self.cluster.spawn(relay(resp, tx, release, prompt_tokens));
             return Ok(Box::pin(ReceiverStream::new(rx)));
         }
         Err(BackendError::Unavailable("no engine pod answered".into()))
