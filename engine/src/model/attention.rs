@@ -130,6 +130,33 @@ pub fn attend(
     attend_any(cache, layer, slots, q, n_heads, params, out, scratch);
 }
 
+/// Into `rows`: the element offsets of the key and value rows of kv head `g` at `positions` of
+/// sequence `s` in `layer`, each checked to lie in a pool of `pool_len` elements (the AVX2
+/// kernels load them unchecked).
+#[inline(always)]
+fn kv_rows(
+    layout: &KvLayout,
+    s: &TokenSlot,
+    layer: usize,
+    g: usize,
+    positions: std::ops::Range<usize>,
+    pool_len: usize,
+    rows: &mut Vec<(usize, usize)>,
+) {
+    let (hd, bs) = (layout.head_dim, layout.block_size);
+    rows.clear();
+    for p in positions {
+        let (block, slot) = (s.blocks[p / bs].0 as usize, p % bs);
+        let k = layout.offset(block, layer, false, slot) + g * hd;
+        let v = layout.offset(block, layer, true, slot) + g * hd;
+        assert!(
+            k + hd <= pool_len && v + hd <= pool_len,
+            "KV row outside the pool"
+        );
+        rows.push((k, v));
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 fn has_avx2() -> bool {
     static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -213,7 +240,7 @@ fn attend_typed<T: KvElem>(
     scratch: &mut AttnScratch,
 ) {
     let layout: KvLayout = *cache.layout();
-    let (hd, bs) = (layout.head_dim, layout.block_size);
+    let hd = layout.head_dim;
     let group = n_heads / layout.n_kv_heads;
     let scale = params.scale;
     let mem = cache.elems::<T>();
@@ -224,15 +251,7 @@ fn attend_typed<T: KvElem>(
         let q_t = &q[t * qw..(t + 1) * qw];
         let out_t = &mut out[t * qw..(t + 1) * qw];
         for g in 0..layout.n_kv_heads {
-            // Element offsets of the positions' key and value rows of kv head g.
-            scratch.rows.clear();
-            for p in lo..ctx {
-                let (block, slot) = (s.blocks[p / bs].0 as usize, p % bs);
-                scratch.rows.push((
-                    layout.offset(block, layer, false, slot) + g * hd,
-                    layout.offset(block, layer, true, slot) + g * hd,
-                ));
-            }
+            kv_rows(&layout, s, layer, g, lo..ctx, mem.len(), &mut scratch.rows);
             // scores[h * n + j] for the `group` query heads sharing kv head g.
             scratch.scores.clear();
             scratch.scores.resize(group * n, 0.0);

@@ -7,7 +7,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{normalize, AttnParams, AttnScratch, TokenSlot};
+use super::{kv_rows, normalize, AttnParams, AttnScratch, TokenSlot};
 use crate::kv::memory::{KvCache, KvLayout};
 
 /// `[hsum(a), hsum(b), hsum(c), hsum(d)]`, each `((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 +
@@ -59,7 +59,7 @@ pub(super) fn attend_f32<const CH: usize>(
     scratch: &mut AttnScratch,
 ) {
     let layout: KvLayout = *cache.layout();
-    let (hd, bs) = (layout.head_dim, layout.block_size);
+    let hd = layout.head_dim;
     assert_eq!(hd, 8 * CH);
     let group = n_heads / layout.n_kv_heads;
     let scale = params.scale;
@@ -72,15 +72,8 @@ pub(super) fn attend_f32<const CH: usize>(
         let q_t = &q[t * qw..(t + 1) * qw];
         let out_t = &mut out[t * qw..(t + 1) * qw];
         for g in 0..layout.n_kv_heads {
-            // Row offsets of the group's keys and values, position by position.
-            scratch.rows.clear();
-            for p in lo..end {
-                let (block, slot) = (s.blocks[p / bs].0 as usize, p % bs);
-                let k = layout.offset(block, layer, false, slot) + g * hd;
-                let v = layout.offset(block, layer, true, slot) + g * hd;
-                assert!(k + hd <= mem.len() && v + hd <= mem.len());
-                scratch.rows.push((k, v));
-            }
+            // Row offsets of the group's keys and values, position by position (checked).
+            kv_rows(&layout, s, layer, g, lo..end, mem.len(), &mut scratch.rows);
             scratch.scores.clear();
             scratch.scores.resize(group * ctx, 0.0);
             for h in 0..group {
