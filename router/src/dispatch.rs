@@ -130,21 +130,10 @@ impl Cluster {
         self.tasks.len()
     }
 
-    /// After shutdown was signalled: waits up to `patience` for the background tasks to end;
-    /// those that have not are logged (the runtime's shutdown then drops them).
+    /// After shutdown was signalled: waits up to `patience` for the router's tasks to end
+    /// ([`cleave_telemetry::finish_tasks`]).
     pub async fn finish_tasks(&self, patience: Duration) {
-        self.tasks.close();
-        if tokio::time::timeout(patience, self.tasks.wait())
-            .await
-            .is_err()
-        {
-            let left = self.tasks.len();
-            tracing::warn!(
-                left,
-                ?patience,
-                "background tasks did not end after shutdown"
-            );
-        }
+        cleave_telemetry::finish_tasks(&self.tasks, patience).await;
     }
 
     /// In-flight placements whose blocks count in lookups (0 without the overlay).

@@ -28,8 +28,7 @@ use crate::place::{BuildPolicy, PlaceConfig, Role};
 use crate::tls::TlsReloader;
 use crate::RouterError;
 
-/// How long a stopping router waits for its background tasks.
-pub const TASKS_PATIENCE: Duration = Duration::from_secs(5);
+pub use cleave_telemetry::TASKS_PATIENCE;
 
 /// A started router.
 pub struct Running {

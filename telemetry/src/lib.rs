@@ -5,7 +5,8 @@
 //! over OTLP/HTTP (protobuf) to `$OTEL_EXPORTER_OTLP_ENDPOINT/v1/traces`. The per-request
 //! spans continue the caller's W3C `traceparent` through [`set_parent`], and the hops pass
 //! their own span's context on with [`traceparent_of`]; both are no-ops when export is off.
-//! [`cancel_on_signal`] is the shutdown trigger every long-running binary uses.
+//! [`cancel_on_signal`] is the shutdown trigger every long-running binary uses, and
+//! [`finish_tasks`] their bounded wait for the tasks they own once they have stopped serving.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -163,6 +164,22 @@ pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
     let mut carrier = HashMap::new();
     TraceContextPropagator::new().inject_context(&cx, &mut carrier);
     carrier.remove("traceparent")
+}
+
+/// How long a stopping server waits for its tasks once it has stopped serving.
+pub const TASKS_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Closes `tasks` and waits up to `patience` for them to end; those still running are logged
+/// (the runtime's shutdown then drops them).
+pub async fn finish_tasks(tasks: &tokio_util::task::TaskTracker, patience: std::time::Duration) {
+    tasks.close();
+    if tokio::time::timeout(patience, tasks.wait()).await.is_err() {
+        tracing::warn!(
+            left = tasks.len(),
+            ?patience,
+            "tasks still running after the stop; not waiting for them"
+        );
+    }
 }
 
 /// Cancels `token` on Ctrl-C or SIGTERM (must be called inside a tokio runtime).

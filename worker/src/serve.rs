@@ -58,8 +58,7 @@ pub struct WorkerState {
     failed: AtomicBool,
 }
 
-/// How long a stopping worker waits for its tasks once its servers have stopped.
-pub const TASKS_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
+pub use cleave_telemetry::TASKS_PATIENCE;
 
 /// A started worker.
 pub struct Running {
@@ -270,16 +269,7 @@ pub async fn run(
         let grpc = grpc_task.await;
         let http = http_task.await;
         // Both servers have stopped, so `serving` (a child of `shutdown`) is cancelled too.
-        tasks.close();
-        if tokio::time::timeout(TASKS_PATIENCE, tasks.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                left = tasks.len(),
-                "tasks still running after the stop; not waiting for them"
-            );
-        }
+        cleave_telemetry::finish_tasks(&tasks, TASKS_PATIENCE).await;
         grpc?.map_err(|e| WorkerError::Grpc(e.into()))?;
         http?.map_err(WorkerError::Http)?;
         if st.failed.load(Ordering::SeqCst) {
