@@ -6,8 +6,8 @@
 
 use anyhow::{ensure, Context, Result};
 use cleave_kv_transfer::{
-    default_transport, ucx_or_skip, Backend, BackendChoice, Error, RegionHandle, Transport,
-    TransportConfig, WriteOp,
+    default_transport, ucx_or_skip, Backend, BackendChoice, Error, RegionDescriptor, RegionHandle,
+    TransferStats, Transport, TransportConfig, WorkerAddress, WriteOp,
 };
 use std::io::{BufRead, BufReader, Write};
 use std::sync::Arc;
@@ -66,6 +66,43 @@ fn op(local_block: usize, remote_block: usize, blocks: usize) -> WriteOp {
     }
 }
 
+/// `from` copies `ops` of `src` into the peer's region `to`, with a token nobody cancels.
+async fn write(
+    from: &Arc<dyn Transport>,
+    peer: &WorkerAddress,
+    to: &RegionDescriptor,
+    ops: &[WriteOp],
+    src: &RegionHandle,
+) -> Result<TransferStats, Error> {
+    from.write(peer, to, ops, src, CancellationToken::new())
+        .await
+}
+
+/// Weighted byte sum, so that the child process can report what landed in one number.
+fn checksum(bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| (i as u64 + 1) * b as u64)
+        .sum()
+}
+
+/// The rest of the first line from `child` that holds `tag` (libtest prints its own text
+/// before the child's first line); `waiting_for` names it when the child exits first.
+fn tagged_line(child: &mut impl BufRead, tag: &str, waiting_for: &str) -> Result<String> {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        ensure!(
+            child.read_line(&mut line)? > 0,
+            "child exited before {waiting_for}"
+        );
+        if let Some((_, rest)) = line.split_once(tag) {
+            return Ok(rest.trim_end().to_owned());
+        }
+    }
+}
+
 async fn writes_land(choice: BackendChoice) -> Result<()> {
     let (Some(a), Some(b)) = (transport(choice), transport(choice)) else {
         return Ok(());
@@ -77,15 +114,7 @@ async fn writes_land(choice: BackendChoice) -> Result<()> {
     // A contiguous run of 4 blocks (coalesced per block op), and scattered single blocks.
     let mut ops: Vec<WriteOp> = (0..4).map(|i| op(i, 10 + i, 1)).collect();
     ops.extend([op(4, 0, 1), op(9, 31, 1), op(5, 20, 2)]);
-    let stats = a
-        .write(
-            &b.local_address(),
-            &dst.descriptor(),
-            &ops,
-            &src,
-            CancellationToken::new(),
-        )
-        .await?;
+    let stats = write(&a, &b.local_address(), &dst.descriptor(), &ops, &src).await?;
     ensure!(
         stats.bytes == 8 * BLOCK as u64 && stats.requested_ops == 7 && stats.issued_ops == 4,
         "{stats:?}"
@@ -135,41 +164,19 @@ async fn out_of_bounds_is_an_error(choice: BackendChoice) -> Result<()> {
     let src = a.allocate_region(4 * BLOCK)?.handle();
     let dst = b.allocate_region(2 * BLOCK)?.handle();
     let peer = b.local_address();
-    let err = a
-        .write(
-            &peer,
-            &dst.descriptor(),
-            &[op(0, 1, 2)],
-            &src,
-            CancellationToken::new(),
-        )
-        .await
-        .unwrap_err();
-    ensure!(matches!(err, Error::OutOfBounds { .. }), "{err}");
-    let err = a
-        .write(
-            &peer,
-            &dst.descriptor(),
-            &[op(3, 0, 2)],
-            &src,
-            CancellationToken::new(),
-        )
-        .await
-        .unwrap_err();
-    ensure!(matches!(err, Error::OutOfBounds { .. }), "{err}");
+    // Past the end of the remote region, then past the end of the local one.
+    for bad in [op(0, 1, 2), op(3, 0, 2)] {
+        let err = write(&a, &peer, &dst.descriptor(), &[bad], &src)
+            .await
+            .unwrap_err();
+        ensure!(matches!(err, Error::OutOfBounds { .. }), "{err}");
+    }
     // A descriptor that lies about its length is caught by the owner (TCP) or the rkey (UCX);
     // either way no crash and a typed error for TCP.
     if choice == BackendChoice::Tcp {
         let mut lying = dst.descriptor();
         lying.len = 4 * BLOCK as u64;
-        let err = a
-            .write(
-                &peer,
-                &lying,
-                &[op(0, 2, 2)],
-                &src,
-                CancellationToken::new(),
-            )
+        let err = write(&a, &peer, &lying, &[op(0, 2, 2)], &src)
             .await
             .unwrap_err();
         ensure!(matches!(err, Error::OutOfBounds { .. }), "{err}");
@@ -177,27 +184,13 @@ async fn out_of_bounds_is_an_error(choice: BackendChoice) -> Result<()> {
     // An unknown region id.
     let mut unknown = dst.descriptor();
     unknown.id.0 ^= 0x5555;
-    let err = a
-        .write(
-            &peer,
-            &unknown,
-            &[op(0, 0, 1)],
-            &src,
-            CancellationToken::new(),
-        )
+    let err = write(&a, &peer, &unknown, &[op(0, 0, 1)], &src)
         .await
         .unwrap_err();
     ensure!(matches!(err, Error::UnknownRegion { .. }), "{err}");
     // The transport still works afterwards.
     fill(&src, 3, 1);
-    a.write(
-        &peer,
-        &dst.descriptor(),
-        &[op(0, 1, 1)],
-        &src,
-        CancellationToken::new(),
-    )
-    .await?;
+    write(&a, &peer, &dst.descriptor(), &[op(0, 1, 1)], &src).await?;
     ensure!(block_at(&dst, BLOCK) == pattern(3, 0));
     Ok(())
 }
@@ -221,12 +214,12 @@ async fn cancellation(choice: BackendChoice) -> Result<()> {
         .await
         .unwrap_err();
     ensure!(matches!(err, Error::Cancelled), "{err}");
-    a.write(
+    write(
+        &a,
         &b.local_address(),
         &dst.descriptor(),
         &[op(0, 0, 4)],
         &src,
-        CancellationToken::new(),
     )
     .await?;
     Ok(())
@@ -239,14 +232,13 @@ async fn vanished_peer_fails_fast(choice: BackendChoice) -> Result<()> {
     let src = a.allocate_region(4 * BLOCK)?.handle();
     let dst = b.allocate_region(4 * BLOCK)?;
     let (peer, desc) = (b.local_address(), dst.descriptor());
-    a.write(&peer, &desc, &[op(0, 0, 1)], &src, CancellationToken::new())
-        .await?;
+    write(&a, &peer, &desc, &[op(0, 0, 1)], &src).await?;
     drop(dst);
     drop(b);
     tokio::time::sleep(Duration::from_millis(100)).await; // let the listener task stop
     let result = tokio::time::timeout(
         Duration::from_secs(20),
-        a.write(&peer, &desc, &[op(0, 0, 1)], &src, CancellationToken::new()),
+        write(&a, &peer, &desc, &[op(0, 0, 1)], &src),
     )
     .await
     .context("write to a vanished peer hung")?;
@@ -268,12 +260,12 @@ async fn restarted_peer_is_reachable(choice: BackendChoice) -> Result<()> {
     let src = a.allocate_region(4 * BLOCK)?.handle();
     fill(&src, 9, 4);
     let dst = b.allocate_region(4 * BLOCK)?;
-    a.write(
+    write(
+        &a,
         &b.local_address(),
         &dst.descriptor(),
         &[op(0, 0, 1)],
         &src,
-        CancellationToken::new(),
     )
     .await?;
     let listen = b.local_address().tcp;
@@ -285,15 +277,14 @@ async fn restarted_peer_is_reachable(choice: BackendChoice) -> Result<()> {
         ..config(choice)
     })?;
     let dst2 = b2.allocate_region(4 * BLOCK)?.handle();
-    let stats = a
-        .write(
-            &b2.local_address(),
-            &dst2.descriptor(),
-            &[op(1, 2, 2)],
-            &src,
-            CancellationToken::new(),
-        )
-        .await?;
+    let stats = write(
+        &a,
+        &b2.local_address(),
+        &dst2.descriptor(),
+        &[op(1, 2, 2)],
+        &src,
+    )
+    .await?;
     ensure!(stats.bytes == 2 * BLOCK as u64);
     ensure!(
         block_at(&dst2, 2 * BLOCK) == pattern(9, 1) && block_at(&dst2, 3 * BLOCK) == pattern(9, 2)
@@ -322,13 +313,7 @@ async fn child_owner_entry() -> Result<()> {
     std::io::stdout().flush()?;
     let mut cmd = String::new();
     tokio::task::spawn_blocking(move || std::io::stdin().read_line(&mut cmd)).await??;
-    let sum: u64 = region
-        .as_slice()
-        .iter()
-        .enumerate()
-        .map(|(i, &b)| (i as u64 + 1) * b as u64)
-        .sum();
-    println!("SUM {sum}");
+    println!("SUM {}", checksum(region.as_slice()));
     std::io::stdout().flush()?;
     Ok(())
 }
@@ -356,26 +341,12 @@ async fn child_process(choice: BackendChoice) -> Result<()> {
         .stdout(std::process::Stdio::piped())
         .spawn()?;
     let mut stdout = BufReader::new(child.stdout.take().context("child stdout")?);
-    let mut line = String::new();
-    let (peer, desc) = loop {
-        line.clear();
-        ensure!(
-            stdout.read_line(&mut line)? > 0,
-            "child exited before publishing"
-        );
-        // libtest prints "test child_owner_entry ... " before the child's first line.
-        if let Some(json) = line.split_once("OWNER ").map(|(_, json)| json) {
-            break serde_json::from_str::<(
-                cleave_kv_transfer::WorkerAddress,
-                cleave_kv_transfer::RegionDescriptor,
-            )>(json)?;
-        }
-    };
+    let owner = tagged_line(&mut stdout, "OWNER ", "publishing")?;
+    let (peer, desc): (WorkerAddress, RegionDescriptor) = serde_json::from_str(&owner)?;
     let src = a.allocate_region(8 * BLOCK)?.handle();
     fill(&src, 42, 8);
     let ops = [op(0, 4, 4), op(4, 0, 2)];
-    a.write(&peer, &desc, &ops, &src, CancellationToken::new())
-        .await?;
+    write(&a, &peer, &desc, &ops, &src).await?;
     let back = a.allocate_region(8 * BLOCK)?.handle();
     a.read(
         &peer,
@@ -397,21 +368,8 @@ async fn child_process(choice: BackendChoice) -> Result<()> {
         .take()
         .context("child stdin")?
         .write_all(b"sum\n")?;
-    let want: u64 = expected
-        .iter()
-        .enumerate()
-        .map(|(i, &b)| (i as u64 + 1) * b as u64)
-        .sum();
-    let sum = loop {
-        line.clear();
-        ensure!(
-            stdout.read_line(&mut line)? > 0,
-            "child exited before the checksum"
-        );
-        if let Some(s) = line.split_once("SUM ").map(|(_, s)| s) {
-            break s.trim().parse::<u64>()?;
-        }
-    };
+    let want = checksum(&expected);
+    let sum: u64 = tagged_line(&mut stdout, "SUM ", "the checksum")?.parse()?;
     ensure!(sum == want, "child saw checksum {sum}, expected {want}");
     ensure!(child.wait()?.success(), "child failed");
     Ok(())
@@ -434,51 +392,42 @@ async fn wildcard_listen_advertises(choice: BackendChoice) -> Result<()> {
     let src = a.allocate_region(2 * BLOCK)?.handle();
     let dst = b.allocate_region(2 * BLOCK)?.handle();
     fill(&src, 3, 2);
-    a.write(
+    write(
+        &a,
         &b.local_address(),
         &dst.descriptor(),
         &[op(0, 1, 1)],
         &src,
-        CancellationToken::new(),
     )
     .await?;
     ensure!(block_at(&dst, BLOCK) == pattern(3, 0));
     Ok(())
 }
 
+/// Module `$module` runs every scenario above on `$choice`, one `#[tokio::test]` each.
 macro_rules! for_backend {
     ($module:ident, $choice:expr) => {
+        for_backend!(
+            $module,
+            $choice,
+            writes_land,
+            out_of_bounds_is_an_error,
+            cancellation,
+            vanished_peer_fails_fast,
+            restarted_peer_is_reachable,
+            child_process,
+            wildcard_listen_advertises
+        );
+    };
+    ($module:ident, $choice:expr, $($scenario:ident),+) => {
         mod $module {
             use super::*;
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn writes_land() -> Result<()> {
-                super::writes_land($choice).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn out_of_bounds_is_an_error() -> Result<()> {
-                super::out_of_bounds_is_an_error($choice).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn cancellation() -> Result<()> {
-                super::cancellation($choice).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn vanished_peer_fails_fast() -> Result<()> {
-                super::vanished_peer_fails_fast($choice).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn restarted_peer_is_reachable() -> Result<()> {
-                super::restarted_peer_is_reachable($choice).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn child_process() -> Result<()> {
-                super::child_process($choice).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn wildcard_listen_advertises() -> Result<()> {
-                super::wildcard_listen_advertises($choice).await
-            }
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() -> Result<()> {
+                    super::$scenario($choice).await
+                }
+            )+
         }
     };
 }
