@@ -65,19 +65,9 @@ fn vllm_text(waiting: u32, running: u32, kv: f64) -> String {
 }
 
 async fn metrics_server(text: String) -> Metrics {
-    let text = Arc::new(Mutex::new(text));
-    let shared = text.clone();
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let t = shared.lock().unwrap().clone();
-            async move { t }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    Metrics { addr, text }
+    metrics_server_at("127.0.0.1", 0, text)
+        .await
+        .expect("binding loopback")
 }
 
 /// An address nothing listens on.
@@ -271,6 +261,16 @@ fn request_headers(
     }
 }
 
+/// The headers of a chat completion whose body follows, streamed in full-duplex mode.
+fn chat_headers(subset: Option<&[&str]>) -> ProcessingRequest {
+    request_headers(
+        "/v1/chat/completions",
+        false,
+        BodySendMode::FullDuplexStreamed,
+        subset,
+    )
+}
+
 fn body(chunk: &[u8], end_of_stream: bool) -> ProcessingRequest {
     ProcessingRequest {
         request: Some(processing_request::Request::RequestBody(HttpBody {
@@ -346,14 +346,7 @@ fn immediate(r: &ProcessingResponse) -> &ImmediateResponse {
 /// Sends a whole duplex request; returns the picked destination after checking the body
 /// comes back in order.
 async fn duplex_request(envoy: &mut Envoy, subset: Option<&[&str]>) -> Result<String, u16> {
-    envoy
-        .send(request_headers(
-            "/v1/chat/completions",
-            false,
-            BodySendMode::FullDuplexStreamed,
-            subset,
-        ))
-        .await;
+    envoy.send(chat_headers(subset)).await;
     let parts = chunks();
     for (i, c) in parts.iter().enumerate() {
         envoy.send(body(c, i + 1 == parts.len())).await;
@@ -382,14 +375,7 @@ async fn headers_answer_first_then_the_body_in_order_and_load_decides() {
     let running = start(&[busy.addr, idle.addr], &[], 2).await;
     wait_queue(&running, busy.addr, 24).await;
     let mut envoy = Envoy::open(running.addr).await;
-    envoy
-        .send(request_headers(
-            "/v1/chat/completions",
-            false,
-            BodySendMode::FullDuplexStreamed,
-            None,
-        ))
-        .await;
+    envoy.send(chat_headers(None)).await;
     let parts = chunks();
     envoy.send(body(parts[0], false)).await;
     // Nothing may be answered before the body has ended: the pick needs it.
@@ -497,14 +483,7 @@ async fn no_ready_endpoint_is_an_immediate_503() {
     let dead = dead_addr().await;
     let running = start(&[dead], &[], 0).await;
     let mut envoy = Envoy::open(running.addr).await;
-    envoy
-        .send(request_headers(
-            "/v1/chat/completions",
-            false,
-            BodySendMode::FullDuplexStreamed,
-            None,
-        ))
-        .await;
+    envoy.send(chat_headers(None)).await;
     envoy.send(body(CHAT.as_bytes(), true)).await;
     let r = envoy.recv().await.expect("an answer");
     let i = immediate(&r);
@@ -567,14 +546,7 @@ async fn bad_requests_get_the_routers_4xx() {
         (br#"{"model":"tiny","messages":[]}"#, 400),
     ] {
         let mut envoy = Envoy::open(running.addr).await;
-        envoy
-            .send(request_headers(
-                "/v1/chat/completions",
-                false,
-                BodySendMode::FullDuplexStreamed,
-                None,
-            ))
-            .await;
+        envoy.send(chat_headers(None)).await;
         envoy.send(body(payload, true)).await;
         let r = envoy.recv().await.expect("an answer");
         assert_eq!(immediate(&r).status.as_ref().unwrap().code, status);

@@ -51,6 +51,20 @@ fn write_identity(dir: &Path, server: &Issued) -> (String, String) {
     (cert.display().to_string(), key.display().to_string())
 }
 
+/// The router over `decode`, serving HTTPS as `server` (written into `dir`), with `extra` flags.
+async fn https_router(
+    model: &Path,
+    decode: &str,
+    dir: &Path,
+    server: &Issued,
+    extra: &[&str],
+) -> Router {
+    let (cert, key) = write_identity(dir, server);
+    let mut flags = vec!["--tls-cert", &cert, "--tls-key", &key];
+    flags.extend_from_slice(extra);
+    Router::start(model, decode, &flags).await
+}
+
 fn client_config(
     trusted: &CertificateDer<'static>,
     identity: Option<&Issued>,
@@ -181,9 +195,8 @@ async fn https_speaks_http1_and_h2_by_alpn_and_refuses_plain_http() {
     };
     let dir = scratch("tls-alpn");
     let ca = Ca::new("cleave test CA");
-    let (cert, key) = write_identity(&dir, &ca.server());
     let (decode, _gate) = worker(true).await;
-    let router = Router::start(&model, &decode, &["--tls-cert", &cert, "--tls-key", &key]).await;
+    let router = https_router(&model, &decode, &dir, &ca.server(), &[]).await;
     let addr = router.addr();
 
     // HTTP/2 when the client offers it.
@@ -251,24 +264,12 @@ async fn mutual_tls_admits_only_clients_with_a_certificate_from_the_client_ca() 
     let dir = scratch("tls-mtls");
     let ca = Ca::new("server CA");
     let clients = Ca::new("client CA");
-    let (cert, key) = write_identity(&dir, &ca.server());
     let client_ca = dir.join("ca.crt");
     std::fs::write(&client_ca, clients.pem()).unwrap();
     let client_ca = client_ca.display().to_string();
     let (decode, _gate) = worker(true).await;
-    let router = Router::start(
-        &model,
-        &decode,
-        &[
-            "--tls-cert",
-            &cert,
-            "--tls-key",
-            &key,
-            "--tls-client-ca",
-            &client_ca,
-        ],
-    )
-    .await;
+    let flags = ["--tls-client-ca", &client_ca];
+    let router = https_router(&model, &decode, &dir, &ca.server(), &flags).await;
     let addr = router.addr();
     let alpn: &[&[u8]] = &[b"h2", b"http/1.1"];
 
@@ -303,22 +304,10 @@ async fn a_renewed_certificate_reaches_new_connections_while_an_open_stream_fini
     let dir = scratch("tls-reload");
     let ca = Ca::new("cleave test CA");
     let old = ca.server();
-    let (cert, key) = write_identity(&dir, &old);
     // Streams stop after their first token until the gate opens.
     let (decode, gate) = worker(false).await;
-    let router = Router::start(
-        &model,
-        &decode,
-        &[
-            "--tls-cert",
-            &cert,
-            "--tls-key",
-            &key,
-            "--reload-interval",
-            "0.05",
-        ],
-    )
-    .await;
+    let flags = ["--reload-interval", "0.05"];
+    let router = https_router(&model, &decode, &dir, &old, &flags).await;
     let addr = router.addr();
     let mut reloads = router.running.tls.as_ref().unwrap().generation();
     let alpn: &[&[u8]] = &[b"h2", b"http/1.1"];
