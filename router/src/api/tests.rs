@@ -238,6 +238,14 @@ pub(super) fn harness(opts: Opts) -> Option<Harness> {
     })
 }
 
+/// A test server with the defaults but for the backend, which behaves as `mode`.
+pub(super) fn harness_in(mode: Mode) -> Option<Harness> {
+    harness(Opts {
+        mode,
+        ..Opts::default()
+    })
+}
+
 /// A finished response: status, headers, body bytes.
 pub(super) struct Reply {
     pub status: StatusCode,
@@ -311,6 +319,18 @@ impl Harness {
 
     pub async fn post(&self, uri: &str, body: Value) -> Reply {
         self.call("POST", uri, Some(&body.to_string()), None).await
+    }
+
+    /// Streams a chat completion of [`hello`]; asserts a 200 and returns its SSE payloads.
+    pub async fn stream_hello(&self) -> Vec<String> {
+        let r = self
+            .post(
+                "/v1/chat/completions",
+                json!({"messages": hello(), "stream": true}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK);
+        r.events()
     }
 
     pub fn requests(&self) -> Vec<BackendRequest> {

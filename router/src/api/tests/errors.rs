@@ -5,7 +5,7 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use serde_json::{json, Value};
 
-use super::{harness, hello, Mode, Opts, MODEL};
+use super::{harness, harness_in, hello, Mode, Opts, MODEL};
 use crate::admit::AdmitConfig;
 
 /// Posts a chat request with `extra` merged into a valid body and returns the error object.
@@ -251,10 +251,7 @@ async fn api_keys_guard_the_api_but_not_health() {
 
 #[tokio::test]
 async fn no_workers_is_503() {
-    let Some(h) = harness(Opts {
-        mode: Mode::NoWorkers,
-        ..Opts::default()
-    }) else {
+    let Some(h) = harness_in(Mode::NoWorkers) else {
         return;
     };
     let e = h
@@ -266,10 +263,7 @@ async fn no_workers_is_503() {
 
 #[tokio::test]
 async fn worker_failure_is_a_500_with_a_fixed_message() {
-    let Some(h) = harness(Opts {
-        mode: Mode::FailMidStream,
-        ..Opts::default()
-    }) else {
+    let Some(h) = harness_in(Mode::FailMidStream) else {
         return;
     };
     let e = h
@@ -278,11 +272,7 @@ async fn worker_failure_is_a_500_with_a_fixed_message() {
         .error(StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(e["type"], "server_error");
     assert!(!e["message"].as_str().unwrap().contains("exploded"), "{e}");
-    let aborted = harness(Opts {
-        mode: Mode::Abort,
-        ..Opts::default()
-    })
-    .unwrap();
+    let aborted = harness_in(Mode::Abort).unwrap();
     aborted
         .post("/v1/completions", json!({"prompt": "Hi"}))
         .await
@@ -357,14 +347,7 @@ async fn request_deadline_is_504() {
     assert_eq!(h.fake.live.load(std::sync::atomic::Ordering::SeqCst), 0);
 
     // Streaming: the deadline ends the event stream with an error event.
-    let r = h
-        .post(
-            "/v1/chat/completions",
-            json!({"messages": hello(), "stream": true}),
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::OK);
-    let events = r.events();
+    let events = h.stream_hello().await;
     let last: Value = serde_json::from_str(events.last().unwrap()).unwrap();
     assert_eq!(last["error"]["code"], "timeout");
     assert_eq!(h.fake.live.load(std::sync::atomic::Ordering::SeqCst), 0);

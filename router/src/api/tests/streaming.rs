@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use serde_json::{json, Value};
 use tokio_stream::StreamExt;
 
-use super::{harness, hello, model, Mode, Opts, MODEL, REPLY};
+use super::{harness, harness_in, hello, model, Mode, Opts, MODEL, REPLY};
 
 pub(super) fn parse(events: &[String]) -> (Vec<Value>, bool) {
     let done = events.last().map(String::as_str) == Some("[DONE]");
@@ -131,20 +131,10 @@ async fn completion_stream_and_logprobs() {
 
 #[tokio::test]
 async fn error_mid_stream_is_an_error_event_and_the_end() {
-    let Some(h) = harness(Opts {
-        mode: Mode::FailMidStream,
-        ..Opts::default()
-    }) else {
+    let Some(h) = harness_in(Mode::FailMidStream) else {
         return;
     };
-    let r = h
-        .post(
-            "/v1/chat/completions",
-            json!({"messages": hello(), "stream": true}),
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::OK);
-    let events = r.events();
+    let events = h.stream_hello().await;
     assert_ne!(events.last().unwrap(), "[DONE]");
     let last: Value = serde_json::from_str(events.last().unwrap()).unwrap();
     assert_eq!(last["error"]["type"], "server_error");
@@ -159,10 +149,7 @@ async fn error_mid_stream_is_an_error_event_and_the_end() {
 
 #[tokio::test]
 async fn client_disconnect_drops_the_backend_streams() {
-    let Some(h) = harness(Opts {
-        mode: Mode::Hang,
-        ..Opts::default()
-    }) else {
+    let Some(h) = harness_in(Mode::Hang) else {
         return;
     };
     let req = axum::http::Request::post("/v1/chat/completions")
