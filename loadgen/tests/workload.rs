@@ -10,7 +10,8 @@ use cleave_loadgen::sse::{classify, SseEvent, SseParser};
 use cleave_loadgen::stats::{percentile, Summary};
 use cleave_loadgen::tokens::{Prompt, PromptFormat, TokenMap};
 use cleave_loadgen::trace::{self, TraceSample, TraceScale};
-use cleave_loadgen::workload::{LengthDist, Synthetic};
+use cleave_loadgen::workload::{LengthDist, RequestSpec, Synthetic};
+use cleave_loadgen::LoadgenError;
 use cleave_types::trace::TraceRequest;
 
 fn trace_file() -> Vec<TraceRequest> {
@@ -27,6 +28,18 @@ fn scale(s: f64) -> TraceScale {
         max_output: Some(16),
         source_block_tokens: 512,
     }
+}
+
+/// `t` mapped with its lengths scaled by `input_scale` (see [`scale`]), the default token
+/// map, token prompts and the trace's own timing.
+fn token_requests(t: &[TraceRequest], input_scale: f64) -> Result<Vec<RequestSpec>, LoadgenError> {
+    trace::to_requests(
+        t,
+        &scale(input_scale),
+        &TokenMap::default(),
+        PromptFormat::Tokens,
+        1.0,
+    )
 }
 
 fn tokens(p: &Prompt) -> &[u32] {
@@ -75,22 +88,8 @@ fn scaled_trace_lengths_blocks_and_offsets() {
 #[test]
 fn mapping_is_deterministic_and_seeded() {
     let t = trace_file();
-    let a = trace::to_requests(
-        &t[..50],
-        &scale(1.0 / 64.0),
-        &TokenMap::default(),
-        PromptFormat::Tokens,
-        1.0,
-    )
-    .unwrap();
-    let b = trace::to_requests(
-        &t[..50],
-        &scale(1.0 / 64.0),
-        &TokenMap::default(),
-        PromptFormat::Tokens,
-        1.0,
-    )
-    .unwrap();
+    let a = token_requests(&t[..50], 1.0 / 64.0).unwrap();
+    let b = token_requests(&t[..50], 1.0 / 64.0).unwrap();
     for (x, y) in a.iter().zip(&b) {
         assert_eq!(x.prompt, y.prompt);
     }
@@ -118,14 +117,7 @@ fn mapping_is_deterministic_and_seeded() {
 #[test]
 fn shared_hash_ids_give_identical_prefixes_in_the_real_trace() {
     let t = trace_file();
-    let r = trace::to_requests(
-        &t,
-        &scale(1.0 / 64.0),
-        &TokenMap::default(),
-        PromptFormat::Tokens,
-        1.0,
-    )
-    .unwrap();
+    let r = token_requests(&t, 1.0 / 64.0).unwrap();
     let bt = 8;
     let mut checked = 0;
     for i in 0..t.len() {
@@ -197,23 +189,9 @@ fn session_sampling_keeps_whole_sessions() {
 #[test]
 fn bad_scales_are_refused_with_a_message() {
     let t = vec![req(0, 512, &[1])];
-    let err = trace::to_requests(
-        &t,
-        &scale(0.0),
-        &TokenMap::default(),
-        PromptFormat::Tokens,
-        1.0,
-    )
-    .unwrap_err();
+    let err = token_requests(&t, 0.0).unwrap_err();
     assert!(err.to_string().contains("input scale"), "{err}");
-    let err = trace::to_requests(
-        &[],
-        &scale(0.5),
-        &TokenMap::default(),
-        PromptFormat::Tokens,
-        1.0,
-    )
-    .unwrap_err();
+    let err = token_requests(&[], 0.5).unwrap_err();
     assert!(err.to_string().contains("no requests"), "{err}");
 }
 
