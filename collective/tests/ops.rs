@@ -2,31 +2,43 @@
 
 mod common;
 
+use cleave_collective::{NetGroup, Transport};
 use cleave_engine::collective::Collective;
 use common::{data, on_ranks_with};
 
 const SIZES: [usize; 6] = [0, 1, 7, 16_385, 100_003, 1 << 20];
+
+/// [`on_ranks_with`] over transport `t`, the rest of the configuration the default.
+fn on_ranks_over<T: Send + 'static>(
+    t: Transport,
+    world: usize,
+    f: impl Fn(NetGroup) -> T + Send + Sync + Copy + 'static,
+) -> Vec<T> {
+    on_ranks_with(world, move |c| c.transport = t, f)
+}
+
+/// The inputs of `world` ranks (`input(rank + 1)`) added element by element in rank order.
+fn summed_in_rank_order(world: usize, input: impl Fn(u64) -> Vec<f32>) -> Vec<f32> {
+    let mut sum = input(1);
+    for r in 1..world {
+        for (s, x) in sum.iter_mut().zip(input(r as u64 + 1)) {
+            *s += x;
+        }
+    }
+    sum
+}
 
 #[test]
 fn all_reduce_matches_the_reference_and_is_bitwise_identical_across_ranks() {
     for t in common::transports() {
         for world in [2, 3, 4] {
             for n in SIZES {
-                let got = on_ranks_with(
-                    world,
-                    move |c| c.transport = t,
-                    move |g| {
-                        let mut buf = data(g.rank() as u64 + 1, n);
-                        g.all_reduce_sum(&mut buf).unwrap();
-                        buf
-                    },
-                );
-                let mut want = vec![0f32; n];
-                for r in 0..world {
-                    for (w, x) in want.iter_mut().zip(data(r as u64 + 1, n)) {
-                        *w += x;
-                    }
-                }
+                let got = on_ranks_over(t, world, move |g| {
+                    let mut buf = data(g.rank() as u64 + 1, n);
+                    g.all_reduce_sum(&mut buf).unwrap();
+                    buf
+                });
+                let want = summed_in_rank_order(world, |seed| data(seed, n));
                 for (r, g) in got.iter().enumerate() {
                     assert_eq!(g.len(), n);
                     let same = g
@@ -78,16 +90,12 @@ fn all_gather_concatenates_in_rank_order() {
     for t in common::transports() {
         for world in [2, 3, 4] {
             for n in SIZES {
-                let got = on_ranks_with(
-                    world,
-                    move |c| c.transport = t,
-                    move |g| {
-                        let mut out = vec![9.0; 3];
-                        g.all_gather(&data(g.rank() as u64 + 7, n), &mut out)
-                            .unwrap();
-                        out
-                    },
-                );
+                let got = on_ranks_over(t, world, move |g| {
+                    let mut out = vec![9.0; 3];
+                    g.all_gather(&data(g.rank() as u64 + 7, n), &mut out)
+                        .unwrap();
+                    out
+                });
                 let want: Vec<f32> = (0..world).flat_map(|r| data(r as u64 + 7, n)).collect();
                 for (r, g) in got.iter().enumerate() {
                     assert!(g == &want, "world {world} n {n}: rank {r}");
@@ -108,19 +116,15 @@ fn all_to_all_v_delivers_every_pair_with_any_sizes() {
             data((from * 16 + to) as u64, len(from, to))
         }
         for world in [2, 3, 4] {
-            let got = on_ranks_with(
-                world,
-                move |c| c.transport = t,
-                move |g| {
-                    let me = g.rank();
-                    let send: Vec<Vec<f32>> = (0..g.world()).map(|to| payload(me, to)).collect();
-                    let mut recv = vec![vec![1.0; 2]; 7];
-                    g.all_to_all_v(&send, &mut recv).unwrap();
-                    // Twice, so the second call reuses the buffers.
-                    g.all_to_all_v(&send, &mut recv).unwrap();
-                    recv
-                },
-            );
+            let got = on_ranks_over(t, world, move |g| {
+                let me = g.rank();
+                let send: Vec<Vec<f32>> = (0..g.world()).map(|to| payload(me, to)).collect();
+                let mut recv = vec![vec![1.0; 2]; 7];
+                g.all_to_all_v(&send, &mut recv).unwrap();
+                // Twice, so the second call reuses the buffers.
+                g.all_to_all_v(&send, &mut recv).unwrap();
+                recv
+            });
             for (me, recv) in got.iter().enumerate() {
                 assert_eq!(recv.len(), world);
                 for (from, r) in recv.iter().enumerate() {
@@ -137,19 +141,15 @@ fn broadcast_copies_the_roots_bytes_from_every_root() {
         for world in [2, 3, 4] {
             for root in 0..world {
                 for n in [0usize, 5, 1 << 20] {
-                    let got = on_ranks_with(
-                        world,
-                        move |c| c.transport = t,
-                        move |g| {
-                            let mut buf = if g.rank() == root {
-                                (0..n).map(|i| (i * 31 + root) as u8).collect()
-                            } else {
-                                vec![7u8; 11]
-                            };
-                            g.broadcast(root, &mut buf).unwrap();
-                            buf
-                        },
-                    );
+                    let got = on_ranks_over(t, world, move |g| {
+                        let mut buf = if g.rank() == root {
+                            (0..n).map(|i| (i * 31 + root) as u8).collect()
+                        } else {
+                            vec![7u8; 11]
+                        };
+                        g.broadcast(root, &mut buf).unwrap();
+                        buf
+                    });
                     let want: Vec<u8> = (0..n).map(|i| (i * 31 + root) as u8).collect();
                     assert!(
                         got.iter().all(|b| b == &want),
@@ -164,29 +164,25 @@ fn broadcast_copies_the_roots_bytes_from_every_root() {
 #[test]
 fn a_mixed_sequence_of_calls_stays_in_step() {
     for t in common::transports() {
-        let got = on_ranks_with(
-            4,
-            move |c| c.transport = t,
-            |g| {
-                let mut sums = Vec::new();
-                for step in 0..200 {
-                    let mut buf = vec![(g.rank() + step) as f32; 576 * (1 + step % 3)];
-                    g.all_reduce_sum(&mut buf).unwrap();
-                    sums.push(buf[0]);
-                    if step % 10 == 0 {
-                        let mut b = if g.rank() == 0 {
-                            vec![step as u8; 3]
-                        } else {
-                            Vec::new()
-                        };
-                        g.broadcast(0, &mut b).unwrap();
-                        assert_eq!(b, vec![step as u8; 3]);
-                        g.barrier().unwrap();
-                    }
+        let got = on_ranks_over(t, 4, |g| {
+            let mut sums = Vec::new();
+            for step in 0..200 {
+                let mut buf = vec![(g.rank() + step) as f32; 576 * (1 + step % 3)];
+                g.all_reduce_sum(&mut buf).unwrap();
+                sums.push(buf[0]);
+                if step % 10 == 0 {
+                    let mut b = if g.rank() == 0 {
+                        vec![step as u8; 3]
+                    } else {
+                        Vec::new()
+                    };
+                    g.broadcast(0, &mut b).unwrap();
+                    assert_eq!(b, vec![step as u8; 3]);
+                    g.barrier().unwrap();
                 }
-                sums
-            },
-        );
+            }
+            sums
+        });
         let want: Vec<f32> = (0..200).map(|s| (6 + 4 * s) as f32).collect();
         assert!(got.iter().all(|g| g == &want));
     }
@@ -195,22 +191,18 @@ fn a_mixed_sequence_of_calls_stays_in_step() {
 #[test]
 fn a_group_of_one_is_the_identity() {
     for t in common::transports() {
-        let got = on_ranks_with(
-            1,
-            move |c| c.transport = t,
-            |g| {
-                let mut buf = vec![1.5, 2.5];
-                g.all_reduce_sum(&mut buf).unwrap();
-                let mut out = Vec::new();
-                g.all_gather(&buf, &mut out).unwrap();
-                let mut recv = Vec::new();
-                g.all_to_all_v(&[vec![3.0]], &mut recv).unwrap();
-                let mut b = b"x".to_vec();
-                g.broadcast(0, &mut b).unwrap();
-                g.barrier().unwrap();
-                (buf, out, recv, b)
-            },
-        );
+        let got = on_ranks_over(t, 1, |g| {
+            let mut buf = vec![1.5, 2.5];
+            g.all_reduce_sum(&mut buf).unwrap();
+            let mut out = Vec::new();
+            g.all_gather(&buf, &mut out).unwrap();
+            let mut recv = Vec::new();
+            g.all_to_all_v(&[vec![3.0]], &mut recv).unwrap();
+            let mut b = b"x".to_vec();
+            g.broadcast(0, &mut b).unwrap();
+            g.barrier().unwrap();
+            (buf, out, recv, b)
+        });
         assert_eq!(
             got[0],
             (
@@ -256,12 +248,7 @@ fn every_element_is_summed_in_rank_order_whatever_the_message_size() {
                             .collect::<Vec<_>>()
                     },
                 );
-                let mut want = full_mantissa(1, N);
-                for r in 1..world {
-                    for (w, x) in want.iter_mut().zip(full_mantissa(r as u64 + 1, N)) {
-                        *w += x;
-                    }
-                }
+                let want = summed_in_rank_order(world, |seed| full_mantissa(seed, N));
                 let mut differing = 0;
                 for (rank, outs) in got.iter().enumerate() {
                     for (out, n) in outs.iter().zip(SIZES) {
