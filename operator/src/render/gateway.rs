@@ -279,38 +279,16 @@ pub fn render(
 
 #[cfg(test)]
 mod tests {
-    use kube::api::ObjectMeta;
-
-    use super::super::{desired, Inputs};
+    use super::super::desired;
+    use super::super::tests::{inputs, isvc as chat, spec};
     use super::*;
-    use crate::crd::{InferenceServiceSpec, PathSource};
 
+    /// The render tests' service, with or without its InferencePool (fail-open).
     fn isvc(gateway: bool) -> InferenceService {
-        let mut s = InferenceServiceSpec::default();
-        s.model.source.path = Some(PathSource {
-            claim_name: Some("weights".into()),
-            path: "m.gguf".into(),
-        });
+        let mut s = spec();
         s.gateway.inference_pool = gateway;
         s.gateway.failure_mode = FailureMode::FailOpen;
-        let mut i = InferenceService::new("chat", s);
-        i.metadata = ObjectMeta {
-            name: Some("chat".into()),
-            namespace: Some("ml".into()),
-            uid: Some("uid-1".into()),
-            ..Default::default()
-        };
-        i
-    }
-
-    fn inputs() -> Inputs {
-        Inputs {
-            default_image: "cleave:dev".into(),
-            fetch_image: "curl".into(),
-            lws_available: false,
-            prefill_groups: 1,
-            decode_groups: 2,
-        }
+        chat(s)
     }
 
     #[test]

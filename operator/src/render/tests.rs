@@ -3,7 +3,7 @@ use kube::api::ObjectMeta;
 use super::*;
 use crate::crd::{InferenceServiceSpec, InternalTlsSpec, Parallelism, PathSource, SecretKeyRef};
 
-fn isvc(spec: InferenceServiceSpec) -> InferenceService {
+pub(super) fn isvc(spec: InferenceServiceSpec) -> InferenceService {
     let mut i = InferenceService::new("chat", spec);
     i.metadata = ObjectMeta {
         name: Some("chat".into()),
@@ -14,7 +14,7 @@ fn isvc(spec: InferenceServiceSpec) -> InferenceService {
     i
 }
 
-fn spec() -> InferenceServiceSpec {
+pub(super) fn spec() -> InferenceServiceSpec {
     let mut s = InferenceServiceSpec::default();
     s.model.source.path = Some(PathSource {
         claim_name: Some("weights".into()),
@@ -25,7 +25,7 @@ fn spec() -> InferenceServiceSpec {
     s
 }
 
-fn inputs() -> Inputs {
+pub(super) fn inputs() -> Inputs {
     Inputs {
         default_image: "cleave:dev".into(),
         fetch_image: "curl".into(),
