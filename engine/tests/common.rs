@@ -13,6 +13,7 @@ use cleave_engine::load::Loaded;
 use cleave_engine::sample::SamplingParams;
 use cleave_engine::schedule::SchedulerConfig;
 
+#[allow(dead_code)]
 pub fn loaded() -> &'static Loaded {
     static L: OnceLock<Loaded> = OnceLock::new();
     L.get_or_init(|| {
@@ -200,4 +201,11 @@ pub async fn settle(e: &Engine) -> cleave_engine::engine::EngineStats {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     panic!("engine did not settle: {:?}", e.stats());
+}
+
+/// The share of positions where the engine's next-token argmax (`got`) is llama.cpp's (`want`).
+#[allow(dead_code)]
+pub fn argmax_agreement(got: &[u32], want: &[u32]) -> f64 {
+    let same = got.iter().zip(want).filter(|(a, b)| a == b).count();
+    same as f64 / want.len() as f64
 }

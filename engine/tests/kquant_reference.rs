@@ -4,6 +4,7 @@
 //! bytes against llama.cpp's and measured llama.cpp on them) — against llama.cpp: perplexity on
 //! the reference text within 3% and next-token argmax agreement of at least 90%, on each file.
 
+mod common;
 mod llama_ref;
 
 use std::collections::BTreeMap;
@@ -68,13 +69,7 @@ fn agrees(ty: &str) {
     let s = score(&model, text.tokens, 256, KvDtype::F32).unwrap();
     assert_eq!(s.n_scored, r.n_scored);
     let rel = (s.ppl - r.ppl).abs() / r.ppl;
-    let agree = s
-        .top1_next
-        .iter()
-        .zip(&r.top1_next)
-        .filter(|(a, b)| a == b)
-        .count() as f64
-        / r.top1_next.len() as f64;
+    let agree = common::argmax_agreement(&s.top1_next, &r.top1_next);
     println!(
         "{ty}: ppl {:.4} vs llama.cpp {:.4} ({:+.2}%), argmax agreement {:.1}%",
         s.ppl,

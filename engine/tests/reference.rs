@@ -39,13 +39,7 @@ fn perplexity_and_argmax_agree_with_llama_cpp() {
         let s = score(&l.model, r.tokens.clone(), chunk, dtype).expect("single rank");
         assert_eq!(s.n_scored, r.n_scored);
         let rel = (s.ppl - r.ppl).abs() / r.ppl;
-        let agree = s
-            .top1_next
-            .iter()
-            .zip(&r.top1_next)
-            .filter(|(a, b)| a == b)
-            .count();
-        let frac = agree as f64 / r.top1_next.len() as f64;
+        let frac = common::argmax_agreement(&s.top1_next, &r.top1_next);
         eprintln!(
             "{dtype:?}: ppl {:.4} vs llama.cpp {:.4} ({:.2}%), argmax agreement {:.1}%",
             s.ppl,

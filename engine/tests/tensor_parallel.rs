@@ -6,35 +6,9 @@ mod tiny;
 
 use std::sync::Arc;
 
-use cleave_engine::collective::LocalGroup;
 use cleave_engine::gguf::{default_model_path, GgufFile};
 use cleave_engine::kernels::Threads;
-use cleave_engine::kv::memory::{KvCache, KvDtype, KvLayout};
-use cleave_engine::kv::BlockId;
-use cleave_engine::model::{Logits, Model, SeqChunk, Workspace};
-
-fn logits(model: &Model, tokens: &[u32]) -> Vec<f32> {
-    let layout = KvLayout {
-        n_layers: model.config.n_layers,
-        n_kv_heads: model.local_kv_heads(),
-        head_dim: model.config.head_dim,
-        block_size: 16,
-        dtype: KvDtype::F32,
-    };
-    let mut cache = KvCache::on_heap(layout, 8);
-    let blocks: Vec<BlockId> = (0..8).map(BlockId).collect();
-    let mut ws = Workspace::new();
-    let chunk = SeqChunk {
-        tokens,
-        start_pos: 0,
-        blocks: &blocks,
-        logits: Logits::All,
-    };
-    model
-        .forward(&[chunk], &mut cache, &mut ws)
-        .expect("local group collectives do not fail");
-    ws.logits.clone()
-}
+use cleave_engine::model::Model;
 
 #[test]
 fn three_way_tensor_parallel_matches_one_rank() {
@@ -46,23 +20,13 @@ fn three_way_tensor_parallel_matches_one_rank() {
     .unwrap();
     let mut tokens = l.tokenizer.encode(&text, false);
     tokens.truncate(128);
-    let want = logits(&l.model, &tokens);
+    let want = tiny::all_logits(&l.model, &tokens);
     let vocab = l.model.config.vocab;
     let g = Arc::new(GgufFile::open(&default_model_path()).unwrap());
-    let ranks: Vec<Vec<f32>> = std::thread::scope(|s| {
-        let handles: Vec<_> = LocalGroup::new(3)
-            .into_iter()
-            .map(|c| {
-                let g = g.clone();
-                let tokens = tokens.clone();
-                s.spawn(move || {
-                    let m = Model::load(&g, Arc::new(c), Threads::single()).unwrap();
-                    assert_eq!((m.local_heads(), m.local_kv_heads()), (3, 1));
-                    logits(&m, &tokens)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let ranks = tiny::on_ranks(3, |c| {
+        let m = Model::load(&g, c, Threads::single()).unwrap();
+        assert_eq!((m.local_heads(), m.local_kv_heads()), (3, 1));
+        tiny::all_logits(&m, &tokens)
     });
     // Row-parallel products sum in a different order; 8-bit activation quantization turns such
     // last-bit differences into occasional one-step rounding flips, which add up over 30

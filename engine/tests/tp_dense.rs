@@ -74,23 +74,19 @@ fn bad_checkpoints_are_clear_errors() {
         cfg.replace("\"intermediate_size\": 128", "\"intermediate_size\": 96"),
     )
     .unwrap();
-    let e = Model::load_hf(
-        &dir,
-        std::sync::Arc::new(cleave_engine::collective::SingleRank),
-        Threads::single(),
-    )
-    .err()
-    .unwrap()
-    .to_string();
+    let one_rank_error = || {
+        Model::load_hf(
+            &dir,
+            std::sync::Arc::new(cleave_engine::collective::SingleRank),
+            Threads::single(),
+        )
+        .err()
+        .expect("the load fails")
+        .to_string()
+    };
+    let e = one_rank_error();
     assert!(e.contains("gate_proj") && e.contains("96"), "{e}");
     std::fs::remove_file(dir.join("model.safetensors")).unwrap();
-    let e = Model::load_hf(
-        &dir,
-        std::sync::Arc::new(cleave_engine::collective::SingleRank),
-        Threads::single(),
-    )
-    .err()
-    .unwrap()
-    .to_string();
+    let e = one_rank_error();
     assert!(e.contains("model.safetensors"), "{e}");
 }
