@@ -189,6 +189,28 @@ impl Prefetch {
     }
 }
 
+/// The 32-element block formats of the tiles (the `F` of `tile_q`): unsigned nibbles with an
+/// offset term (Q4_0 / Q4_1 / Q5_0 / Q5_1), signed bytes (Q8_0), nibbles that index a table of
+/// signed values (IQ4_NL).
+const NIBBLES: u8 = 0;
+const BYTES: u8 = 1;
+const TABLE: u8 = 2;
+
+/// The weights of the offset term of blocks `b0..b0 + 8` of a Q4/Q5 row whose block scales
+/// are `d`: Q4_1 / Q5_1 store them (`load` reads them from the `m` bytes); Q4_0 / Q5_0 have
+/// `d · −8` / `d · −16` (their quants are stored plus 8 / 16).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn offset_weights(row: &PackedRow<'_>, d: __m256, load: impl FnOnce(&[u8]) -> __m256) -> __m256 {
+    match row.m {
+        Some(mb) => load(mb),
+        None => {
+            let zero = if row.qh.is_some() { -16.0 } else { -8.0 };
+            _mm256_mul_ps(d, _mm256_set1_ps(zero))
+        }
+    }
+}
+
 macro_rules! backend {
     ($name:ident, $feat:literal, $rt:literal, $dot:ident, $q8prep:ident, $q8dot:ident) => {
         pub(super) mod $name {
@@ -197,113 +219,17 @@ macro_rules! backend {
 
             use super::super::{Activations, OutPtr, QMatrix, WeightType};
             use super::{
-                chunk_scales, expand_qh, finish, iq4nl_table, kquant, load_f16x8, packed_rows,
-                unpack_q4, Prefetch, Tokens,
+                chunk_scales, expand_qh, finish, iq4nl_table, kquant, load_f16x8, offset_weights,
+                packed_rows, unpack_q4, Prefetch, Tokens, BYTES, NIBBLES, TABLE,
             };
             use super::{$dot, $q8dot, $q8prep};
 
-            /// Q4_0 / Q4_1 / Q5_0 / Q5_1 tile of rows `r0..r0 + R` × the tokens of `tok`.
+            /// Tile of rows `r0..r0 + R` × the tokens of `tok` of a 32-element block format:
+            /// `F` is [`NIBBLES`] (Q4_0 / Q4_1 / Q5_0 / Q5_1: unsigned quants and an offset
+            /// term), [`BYTES`] (Q8_0) or [`TABLE`] (IQ4_NL: Q8_0's dot on weights looked up
+            /// from the nibbles, `pshufb` on the 16-entry table).
             #[target_feature(enable = $feat)]
-            fn tile_q4<const R: usize, const T: usize>(
-                m: &QMatrix,
-                r0: usize,
-                tok: &Tokens<'_, T>,
-                out: OutPtr,
-            ) {
-                let (rows, qs) = packed_rows::<R>(m, r0);
-                let nb = m.nb;
-                let pf = Prefetch::new::<R>(m, r0, rows[0].d.as_ptr());
-                let mut acc = [[_mm256_setzero_ps(); T]; R];
-                let mut b0 = 0;
-                while b0 < nb {
-                    // The offset term, lane k for block b0 + k.
-                    for r in 0..R {
-                        let mw = match rows[r].m {
-                            Some(mb) => load_f16x8(mb, b0, nb),
-                            None => {
-                                let zero = if rows[r].qh.is_some() { -16.0 } else { -8.0 };
-                                _mm256_mul_ps(load_f16x8(rows[r].d, b0, nb), _mm256_set1_ps(zero))
-                            }
-                        };
-                        for t in 0..T {
-                            acc[r][t] = _mm256_fmadd_ps(mw, tok.s8(t, b0), acc[r][t]);
-                        }
-                    }
-                    let mut sc = chunk_scales(&rows, tok, b0, nb);
-                    // Keep the scales in memory so that they are broadcast by loads (free, or
-                    // folded into the FMA) rather than by register shuffles.
-                    std::hint::black_box(&mut sc);
-                    for j in 0..(nb - b0).min(8) {
-                        let b = b0 + j;
-                        pf.block(b);
-                        let mut w = [_mm256_setzero_si256(); R];
-                        for r in 0..R {
-                            // SAFETY: `b < nb` and each row's qs holds `16 · nb` bytes
-                            // (checked in `packed_rows`).
-                            w[r] = unsafe { unpack_q4(qs[r].add(16 * b)) };
-                            if let Some(qh) = rows[r].qh {
-                                w[r] = _mm256_or_si256(w[r], expand_qh(qh, b));
-                            }
-                        }
-                        for t in 0..T {
-                            let xv = tok.xq32(t, b);
-                            for r in 0..R {
-                                let l = _mm256_cvtepi32_ps($dot(w[r], xv));
-                                let s = _mm256_broadcast_ss(&sc[r][t][j]);
-                                acc[r][t] = _mm256_fmadd_ps(l, s, acc[r][t]);
-                            }
-                        }
-                    }
-                    b0 += 8;
-                }
-                finish(&acc, m.rows, r0, tok.t0, out);
-            }
-
-            /// Q8_0 tile of rows `r0..r0 + R` × the tokens of `tok`.
-            #[target_feature(enable = $feat)]
-            fn tile_q8<const R: usize, const T: usize>(
-                m: &QMatrix,
-                r0: usize,
-                tok: &Tokens<'_, T>,
-                out: OutPtr,
-            ) {
-                let (rows, qs) = packed_rows::<R>(m, r0);
-                let nb = m.nb;
-                let pf = Prefetch::new::<R>(m, r0, rows[0].d.as_ptr());
-                let mut acc = [[_mm256_setzero_ps(); T]; R];
-                let mut b0 = 0;
-                while b0 < nb {
-                    let mut sc = chunk_scales(&rows, tok, b0, nb);
-                    // See `tile_q4`.
-                    std::hint::black_box(&mut sc);
-                    for j in 0..(nb - b0).min(8) {
-                        let b = b0 + j;
-                        pf.block(b);
-                        let mut w = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
-                        for r in 0..R {
-                            // SAFETY: `b < nb` and each row's qs holds `32 · nb` bytes
-                            // (checked in `packed_rows`); unaligned load.
-                            let v = unsafe { _mm256_loadu_si256(qs[r].add(32 * b).cast()) };
-                            w[r] = $q8prep(v);
-                        }
-                        for t in 0..T {
-                            let xv = tok.xq32(t, b);
-                            for r in 0..R {
-                                let l = _mm256_cvtepi32_ps($q8dot(w[r], xv));
-                                let s = _mm256_broadcast_ss(&sc[r][t][j]);
-                                acc[r][t] = _mm256_fmadd_ps(l, s, acc[r][t]);
-                            }
-                        }
-                    }
-                    b0 += 8;
-                }
-                finish(&acc, m.rows, r0, tok.t0, out);
-            }
-
-            /// IQ4_NL tile of rows `r0..r0 + R` × the tokens of `tok`: Q8_0's, with each
-            /// block's weights looked up from the nibbles (`pshufb` on the 16-entry table).
-            #[target_feature(enable = $feat)]
-            fn tile_iq4nl<const R: usize, const T: usize>(
+            fn tile_q<const R: usize, const T: usize, const F: u8>(
                 m: &QMatrix,
                 r0: usize,
                 tok: &Tokens<'_, T>,
@@ -316,23 +242,52 @@ macro_rules! backend {
                 let mut acc = [[_mm256_setzero_ps(); T]; R];
                 let mut b0 = 0;
                 while b0 < nb {
+                    if F == NIBBLES {
+                        // The offset term, lane k for block b0 + k.
+                        for r in 0..R {
+                            let d = load_f16x8(rows[r].d, b0, nb);
+                            let mw = offset_weights(&rows[r], d, |mb| load_f16x8(mb, b0, nb));
+                            for t in 0..T {
+                                acc[r][t] = _mm256_fmadd_ps(mw, tok.s8(t, b0), acc[r][t]);
+                            }
+                        }
+                    }
                     let mut sc = chunk_scales(&rows, tok, b0, nb);
-                    // See `tile_q4`.
+                    // Keep the scales in memory so that they are broadcast by loads (free, or
+                    // folded into the FMA) rather than by register shuffles.
                     std::hint::black_box(&mut sc);
                     for j in 0..(nb - b0).min(8) {
                         let b = b0 + j;
                         pf.block(b);
                         let mut w = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
                         for r in 0..R {
-                            // SAFETY: `b < nb` and each row's qs holds `16 · nb` bytes
-                            // (checked in `packed_rows`).
-                            let q = unsafe { unpack_q4(qs[r].add(16 * b)) };
-                            w[r] = $q8prep(_mm256_shuffle_epi8(table, q));
+                            w[r] = if F == BYTES {
+                                // SAFETY: `b < nb` and each row's qs holds `32 · nb` bytes
+                                // (checked in `packed_rows`); unaligned load.
+                                $q8prep(unsafe { _mm256_loadu_si256(qs[r].add(32 * b).cast()) })
+                            } else {
+                                // SAFETY: `b < nb` and each row's qs holds `16 · nb` bytes
+                                // (checked in `packed_rows`).
+                                let q = unsafe { unpack_q4(qs[r].add(16 * b)) };
+                                if F == TABLE {
+                                    $q8prep(_mm256_shuffle_epi8(table, q))
+                                } else if let Some(qh) = rows[r].qh {
+                                    let q = _mm256_or_si256(q, expand_qh(qh, b));
+                                    (q, q)
+                                } else {
+                                    (q, q)
+                                }
+                            };
                         }
                         for t in 0..T {
                             let xv = tok.xq32(t, b);
                             for r in 0..R {
-                                let l = _mm256_cvtepi32_ps($q8dot(w[r], xv));
+                                let l = if F == NIBBLES {
+                                    $dot(w[r].0, xv)
+                                } else {
+                                    $q8dot(w[r], xv)
+                                };
+                                let l = _mm256_cvtepi32_ps(l);
                                 let s = _mm256_broadcast_ss(&sc[r][t][j]);
                                 acc[r][t] = _mm256_fmadd_ps(l, s, acc[r][t]);
                             }
@@ -387,7 +342,31 @@ macro_rules! backend {
                 unsafe { _mm256_loadu_ps(src.as_ptr()) }
             }
 
-            /// Rows `rows` × the tokens of `tok`, R rows at a time.
+            /// Rows `r0..r0 + R` × the tokens of `tok`, by weight type.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            fn tile<const R: usize, const T: usize>(
+                m: &QMatrix,
+                r0: usize,
+                tok: &Tokens<'_, T>,
+                out: OutPtr,
+            ) {
+                match m.ty {
+                    WeightType::F32 => tile_f32::<R, T>(m, r0, tok, out),
+                    WeightType::Q8_0 => tile_q::<R, T, BYTES>(m, r0, tok, out),
+                    WeightType::IQ4_NL => tile_q::<R, T, TABLE>(m, r0, tok, out),
+                    WeightType::Q4_0 | WeightType::Q4_1 | WeightType::Q5_0 | WeightType::Q5_1 => {
+                        tile_q::<R, T, NIBBLES>(m, r0, tok, out)
+                    }
+                    WeightType::Q2_K
+                    | WeightType::Q3_K
+                    | WeightType::Q4_K
+                    | WeightType::Q5_K
+                    | WeightType::Q6_K => kquant::tile::<R, T>(m, r0, tok, out),
+                }
+            }
+
+            /// Rows `rows` × the tokens of `tok`, R rows at a time, then one at a time.
             #[target_feature(enable = $feat)]
             fn tiles<const R: usize, const T: usize>(
                 m: &QMatrix,
@@ -397,37 +376,11 @@ macro_rules! backend {
             ) {
                 let mut r = rows.start;
                 while r + R <= rows.end {
-                    match m.ty {
-                        WeightType::F32 => tile_f32::<R, T>(m, r, tok, out),
-                        WeightType::Q8_0 => tile_q8::<R, T>(m, r, tok, out),
-                        WeightType::IQ4_NL => tile_iq4nl::<R, T>(m, r, tok, out),
-                        WeightType::Q4_0
-                        | WeightType::Q4_1
-                        | WeightType::Q5_0
-                        | WeightType::Q5_1 => tile_q4::<R, T>(m, r, tok, out),
-                        WeightType::Q2_K
-                        | WeightType::Q3_K
-                        | WeightType::Q4_K
-                        | WeightType::Q5_K
-                        | WeightType::Q6_K => kquant::tile::<R, T>(m, r, tok, out),
-                    }
+                    tile::<R, T>(m, r, tok, out);
                     r += R;
                 }
                 while r < rows.end {
-                    match m.ty {
-                        WeightType::F32 => tile_f32::<1, T>(m, r, tok, out),
-                        WeightType::Q8_0 => tile_q8::<1, T>(m, r, tok, out),
-                        WeightType::IQ4_NL => tile_iq4nl::<1, T>(m, r, tok, out),
-                        WeightType::Q4_0
-                        | WeightType::Q4_1
-                        | WeightType::Q5_0
-                        | WeightType::Q5_1 => tile_q4::<1, T>(m, r, tok, out),
-                        WeightType::Q2_K
-                        | WeightType::Q3_K
-                        | WeightType::Q4_K
-                        | WeightType::Q5_K
-                        | WeightType::Q6_K => kquant::tile::<1, T>(m, r, tok, out),
-                    }
+                    tile::<1, T>(m, r, tok, out);
                     r += 1;
                 }
             }

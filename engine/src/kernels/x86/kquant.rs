@@ -79,7 +79,7 @@ fn block_scales<const T: usize>(d: f32, tok: &Tokens<'_, T>, b0: usize, dd: &mut
 /// or a factor rounds the same).
 #[target_feature(enable = "avx2")]
 #[inline]
-pub(super) fn neg_mins(dmin: f32, mins: &[u8; 8]) -> __m256 {
+fn neg_mins(dmin: f32, mins: &[u8; 8]) -> __m256 {
     let mut mi = [0i32; 8];
     for (mi, &v) in mi.iter_mut().zip(mins) {
         *mi = v.into();
@@ -87,6 +87,81 @@ pub(super) fn neg_mins(dmin: f32, mins: &[u8; 8]) -> __m256 {
     // SAFETY: `mi` is 8 readable i32s; unaligned load.
     let mv = _mm256_cvtepi32_ps(unsafe { _mm256_loadu_si256(mi.as_ptr().cast()) });
     _mm256_mul_ps(_mm256_set1_ps(-dmin), mv)
+}
+
+/// A Q4_K / Q5_K super-block's `d`, its eight sub-block scales and `−dmin · m_k` (the offset
+/// term's weights, lane `k` for sub-block `k`).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(super) fn k45_head(blk: &[u8]) -> (f32, [u8; 8], __m256) {
+    let (d, dmin) = (f16_le(blk, 0), f16_le(blk, 2));
+    let (scs, mins) = scales_k4(&blk[4..16]);
+    (d, scs, neg_mins(dmin, &mins))
+}
+
+/// The quants (0..=15, or 0..=31 for Q5_K) of sub-blocks `2g` and `2g + 1` (`g < 4`) of the
+/// Q4_K (`Q5 = false`) or Q5_K super-block `blk`, in element order.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn k45_quants<const Q5: bool>(blk: &[u8], g: usize) -> (__m256i, __m256i) {
+    let qs_at = if Q5 { K5_QS } else { K4_QS };
+    debug_assert!(g < 4 && qs_at + 32 * g + 32 <= blk.len());
+    let nib = _mm256_set1_epi8(15);
+    // SAFETY: `blk` is a whole super-block and `qs_at + 32g + 32 <= ` its size for `g < 4`.
+    let v = unsafe { load32(blk.as_ptr().add(qs_at + 32 * g)) };
+    let mut lo = _mm256_and_si256(v, nib);
+    let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
+    if Q5 {
+        let five = _mm256_set1_epi8(0x10);
+        // SAFETY: `K5_QH + 32 <=` the super-block's size.
+        let qh = unsafe { load32(blk.as_ptr().add(K5_QH)) };
+        let (m0, m1) = (
+            _mm256_set1_epi8(1 << (2 * g)),
+            _mm256_set1_epi8(1 << (2 * g + 1)),
+        );
+        let h0 = _mm256_cmpeq_epi8(_mm256_and_si256(qh, m0), m0);
+        let h1 = _mm256_cmpeq_epi8(_mm256_and_si256(qh, m1), m1);
+        lo = _mm256_or_si256(lo, _mm256_and_si256(h0, five));
+        hi = _mm256_or_si256(hi, _mm256_and_si256(h1, five));
+    }
+    (lo, hi)
+}
+
+/// The quants `q` (0..=63; the weight is `q − 32`) of 32-element block `j < 8` of the Q6_K
+/// super-block `blk`, in element order: `ql` nibbles with 2-bit `qh` fields on top.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn k6_quants(blk: &[u8], j: usize) -> __m256i {
+    let (n, g) = (j / 4, j % 4);
+    debug_assert!(j < 8 && K6_SC <= blk.len());
+    let p = blk.as_ptr();
+    // SAFETY: `64n + 32(g % 2) + 32 <= K6_QH` and `K6_QH + 32n + 32 <= K6_SC`: inside the
+    // super-block.
+    let (ql, qh) = unsafe {
+        (
+            load32(p.add(64 * n + 32 * (g % 2))),
+            load32(p.add(K6_QH + 32 * n)),
+        )
+    };
+    let nib = _mm256_set1_epi8(15);
+    let low = if g < 2 {
+        _mm256_and_si256(ql, nib)
+    } else {
+        _mm256_and_si256(_mm256_srli_epi16::<4>(ql), nib)
+    };
+    let high = match g {
+        0 => _mm256_slli_epi16::<4>(qh),
+        1 => _mm256_slli_epi16::<2>(qh),
+        2 => qh,
+        _ => _mm256_srli_epi16::<2>(qh),
+    };
+    _mm256_or_si256(low, _mm256_and_si256(high, _mm256_set1_epi8(0x30)))
+}
+
+/// The scales of the two 16-element halves of Q6_K block `j` of the super-block `blk`.
+#[inline]
+pub(super) fn k6_scales(blk: &[u8], j: usize) -> (i8, i8) {
+    (blk[K6_SC + 2 * j] as i8, blk[K6_SC + 2 * j + 1] as i8)
 }
 
 /// Q4_K (`Q5 = false`) or Q5_K tile.
@@ -100,21 +175,15 @@ fn tile_k45<const R: usize, const T: usize, const Q5: bool>(
 ) {
     let rows = raw_rows::<R>(m, r0);
     let bb = m.ty.block_bytes();
-    let qs_at = if Q5 { K5_QS } else { K4_QS };
     let pf = Prefetch::new::<R>(m, r0, rows[0].as_ptr());
-    let nib = _mm256_set1_epi8(15);
-    let five = _mm256_set1_epi8(0x10);
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     let mut dd = [[[0f32; 8]; T]; R];
     for s in 0..m.cols / QK_K {
         let b0 = 8 * s;
         let mut sc = [[0u8; 8]; R];
         for r in 0..R {
-            let blk = &rows[r][s * bb..(s + 1) * bb];
-            let (d, dmin) = (f16_le(blk, 0), f16_le(blk, 2));
-            let (scs, mins) = scales_k4(&blk[4..16]);
+            let (d, scs, mneg) = k45_head(&rows[r][s * bb..(s + 1) * bb]);
             sc[r] = scs;
-            let mneg = neg_mins(dmin, &mins);
             for t in 0..T {
                 acc[r][t] = _mm256_fmadd_ps(mneg, tok.s8(t, b0), acc[r][t]);
             }
@@ -131,20 +200,7 @@ fn tile_k45<const R: usize, const T: usize, const Q5: bool>(
             let mut s0 = [_mm256_setzero_si256(); R];
             let mut s1 = [_mm256_setzero_si256(); R];
             for r in 0..R {
-                let blk = &rows[r][s * bb..(s + 1) * bb];
-                // SAFETY: `qs_at + 32g + 32 <= bb`, inside the super-block.
-                let v = unsafe { load32(blk.as_ptr().add(qs_at + 32 * g)) };
-                lo[r] = _mm256_and_si256(v, nib);
-                hi[r] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
-                if Q5 {
-                    // SAFETY: `K5_QH + 32 <= bb`.
-                    let qh = unsafe { load32(blk.as_ptr().add(K5_QH)) };
-                    let (m0, m1) = (_mm256_set1_epi8(1 << j0), _mm256_set1_epi8(1 << j1));
-                    let h0 = _mm256_cmpeq_epi8(_mm256_and_si256(qh, m0), m0);
-                    let h1 = _mm256_cmpeq_epi8(_mm256_and_si256(qh, m1), m1);
-                    lo[r] = _mm256_or_si256(lo[r], _mm256_and_si256(h0, five));
-                    hi[r] = _mm256_or_si256(hi[r], _mm256_and_si256(h1, five));
-                }
+                (lo[r], hi[r]) = k45_quants::<Q5>(&rows[r][s * bb..(s + 1) * bb], g);
                 s0[r] = _mm256_set1_epi16(sc[r][j0].into());
                 s1[r] = _mm256_set1_epi16(sc[r][j1].into());
             }
@@ -176,11 +232,7 @@ fn tile_k6<const R: usize, const T: usize>(
     let rows = raw_rows::<R>(m, r0);
     let bb = m.ty.block_bytes();
     let pf = Prefetch::new::<R>(m, r0, rows[0].as_ptr());
-    let (nib, top, m32) = (
-        _mm256_set1_epi8(15),
-        _mm256_set1_epi8(0x30),
-        _mm256_set1_epi8(32),
-    );
+    let m32 = _mm256_set1_epi8(32);
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     let mut dd = [[[0f32; 8]; T]; R];
     for s in 0..m.cols / QK_K {
@@ -197,41 +249,12 @@ fn tile_k6<const R: usize, const T: usize>(
             let mut scv = [[_mm256_setzero_si256(); 4]; R];
             for r in 0..R {
                 let blk = &rows[r][s * bb..(s + 1) * bb];
-                let p = blk.as_ptr();
-                // SAFETY: `64n + 64 <= K6_QH` and `K6_QH + 32n + 32 <= K6_SC`: all inside the
-                // super-block.
-                let (ql0, ql1, qh) = unsafe {
-                    (
-                        load32(p.add(64 * n)),
-                        load32(p.add(64 * n + 32)),
-                        load32(p.add(K6_QH + 32 * n)),
-                    )
-                };
-                let q = [
-                    _mm256_or_si256(
-                        _mm256_and_si256(ql0, nib),
-                        _mm256_and_si256(_mm256_slli_epi16::<4>(qh), top),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(ql1, nib),
-                        _mm256_and_si256(_mm256_slli_epi16::<2>(qh), top),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), nib),
-                        _mm256_and_si256(qh, top),
-                    ),
-                    _mm256_or_si256(
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), nib),
-                        _mm256_and_si256(_mm256_srli_epi16::<2>(qh), top),
-                    ),
-                ];
                 for g in 0..4 {
-                    let v = _mm256_sub_epi8(q[g], m32);
-                    w[r][g] = (_mm256_abs_epi8(v), v);
                     let j = 4 * n + g;
-                    let (sa, sb) = (blk[K6_SC + 2 * j] as i8, blk[K6_SC + 2 * j + 1] as i8);
-                    scv[r][g] =
-                        _mm256_set_m128i(_mm_set1_epi16(sb.into()), _mm_set1_epi16(sa.into()));
+                    let v = _mm256_sub_epi8(k6_quants(blk, j), m32);
+                    w[r][g] = (_mm256_abs_epi8(v), v);
+                    let (sa, sb) = k6_scales(blk, j);
+                    scv[r][g] = pair_scales(sa.into(), sb.into());
                 }
             }
             for g in 0..4 {

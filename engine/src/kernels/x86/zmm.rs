@@ -22,7 +22,7 @@ use super::super::{Activations, OutPtr, QMatrix, WeightType};
 mod kquant;
 mod reduce;
 
-use super::{expand_qh, finish, packed_rows, unpack_q4, Prefetch, QK};
+use super::{expand_qh, finish, offset_weights, packed_rows, unpack_q4, Prefetch, QK};
 
 /// Converts the f16 scales of blocks `b..min(b + 8, nb)` of `bytes` (little-endian f16s),
 /// zero past `nb`, with one masked load (the tail of a row otherwise costs a memcpy call per
@@ -193,71 +193,11 @@ fn chunk_scales<const TP: usize>(
     }
 }
 
-/// Q4_0 / Q4_1 / Q5_0 / Q5_1 tile of rows `r0..r0 + R` × the `T = 2·TP` tokens of `x`.
+/// Q4_0 / Q4_1 / Q5_0 / Q5_1 (`Q8 = false`) or Q8_0 tile of rows `r0..r0 + R` × the
+/// `T = 2·TP` tokens of `x`. Q8_0 uses the offset trick of `q8_dot_vnni`: `(x + 128) × w −
+/// 128 · Σw`, exact in i32.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
-fn tile_q4<const R: usize, const T: usize, const TP: usize>(
-    m: &QMatrix,
-    r0: usize,
-    x: &PairView<'_, TP>,
-    out: OutPtr,
-) {
-    assert_eq!(T, 2 * TP);
-    let (rows, qs) = packed_rows::<R>(m, r0);
-    let nb = m.nb;
-    let pf = Prefetch::new::<R>(m, r0, rows[0].d.as_ptr());
-    let mut acc = [[_mm512_setzero_ps(); TP]; R];
-    let mut sc = [[[0f32; 16]; TP]; R];
-    let mut b0 = 0;
-    while b0 < nb {
-        for r in 0..R {
-            let d = load_f16x8_masked(rows[r].d, b0, nb);
-            let mw = match rows[r].m {
-                Some(mb) => load_f16x8_masked(mb, b0, nb),
-                None => {
-                    let zero = if rows[r].qh.is_some() { -16.0 } else { -8.0 };
-                    _mm256_mul_ps(d, _mm256_set1_ps(zero))
-                }
-            };
-            let mw = dup_ps(mw);
-            #[allow(clippy::needless_range_loop)]
-            for p in 0..TP {
-                acc[r][p] = _mm512_fmadd_ps(mw, x.s16(p, b0), acc[r][p]);
-            }
-            chunk_scales::<TP>(dup_ps(d), x, b0, &mut sc[r]);
-        }
-        // Keep the scales in memory so that they are broadcast by loads.
-        std::hint::black_box(&mut sc);
-        for j in 0..(nb - b0).min(8) {
-            let b = b0 + j;
-            pf.block(b);
-            let mut w = [_mm512_setzero_si512(); R];
-            for r in 0..R {
-                // SAFETY: `b < nb` and each row's qs holds `16 · nb` bytes (checked in
-                // `packed_rows`).
-                let mut q = unsafe { unpack_q4(qs[r].add(16 * b)) };
-                if let Some(qh) = rows[r].qh {
-                    q = _mm256_or_si256(q, expand_qh(qh, b));
-                }
-                w[r] = dup_epi32(q);
-            }
-            for p in 0..TP {
-                let xv = x.xq(p, b);
-                for r in 0..R {
-                    let l = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[r], xv);
-                    let l = _mm512_cvtepi32_ps(l);
-                    acc[r][p] = _mm512_fmadd_ps(l, pair_scale(&sc[r][p], j), acc[r][p]);
-                }
-            }
-        }
-        b0 += 8;
-    }
-    finish_tile::<R, T, TP>(&acc, m.rows, r0, x.t0, out);
-}
-
-/// Q8_0 tile of rows `r0..r0 + R` × the `T = 2·TP` tokens of `x` (offset trick as in
-/// `q8_dot_vnni`: `(x + 128) × w − 128 · Σw`, exact in i32).
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
-fn tile_q8<const R: usize, const T: usize, const TP: usize>(
+fn tile_q<const R: usize, const T: usize, const TP: usize, const Q8: bool>(
     m: &QMatrix,
     r0: usize,
     x: &PairView<'_, TP>,
@@ -274,27 +214,55 @@ fn tile_q8<const R: usize, const T: usize, const TP: usize>(
     let mut b0 = 0;
     while b0 < nb {
         for r in 0..R {
-            let dw = dup_ps(load_f16x8_masked(rows[r].d, b0, nb));
-            chunk_scales::<TP>(dw, x, b0, &mut sc[r]);
+            let d = load_f16x8_masked(rows[r].d, b0, nb);
+            if !Q8 {
+                let mw = offset_weights(&rows[r], d, |mb| load_f16x8_masked(mb, b0, nb));
+                let mw = dup_ps(mw);
+                #[allow(clippy::needless_range_loop)]
+                for p in 0..TP {
+                    acc[r][p] = _mm512_fmadd_ps(mw, x.s16(p, b0), acc[r][p]);
+                }
+            }
+            chunk_scales::<TP>(dup_ps(d), x, b0, &mut sc[r]);
         }
-        // See `tile_q4`.
+        // Keep the scales in memory so that they are broadcast by loads.
         std::hint::black_box(&mut sc);
         for j in 0..(nb - b0).min(8) {
             let b = b0 + j;
             pf.block(b);
+            // Per row: the weights and the i32 start of the dot (Q8_0's correction).
             let mut w = [(zero, zero); R];
             for r in 0..R {
-                // SAFETY: `b < nb` and each row's qs holds `32 · nb` bytes (checked in
-                // `packed_rows`); unaligned load.
-                let v = unsafe { _mm256_loadu_si256(qs[r].add(32 * b).cast()) };
-                let v = dup_epi32(v);
-                let corr = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, m128, v));
-                w[r] = (v, corr);
+                w[r] = if Q8 {
+                    // SAFETY: `b < nb` and each row's qs holds `32 · nb` bytes (checked in
+                    // `packed_rows`); unaligned load.
+                    let v = unsafe { _mm256_loadu_si256(qs[r].add(32 * b).cast()) };
+                    let v = dup_epi32(v);
+                    (
+                        v,
+                        _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, m128, v)),
+                    )
+                } else {
+                    // SAFETY: `b < nb` and each row's qs holds `16 · nb` bytes (checked in
+                    // `packed_rows`).
+                    let mut q = unsafe { unpack_q4(qs[r].add(16 * b)) };
+                    if let Some(qh) = rows[r].qh {
+                        q = _mm256_or_si256(q, expand_qh(qh, b));
+                    }
+                    (dup_epi32(q), zero)
+                };
             }
             for p in 0..TP {
-                let xu = x.xu(p, b);
+                // The unsigned operand of `vpdpbusd`: Q8_0's activations plus 128, else the
+                // nibbles.
+                let xv = if Q8 { x.xu(p, b) } else { x.xq(p, b) };
                 for r in 0..R {
-                    let l = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(w[r].1, xu, w[r].0));
+                    let l = if Q8 {
+                        _mm512_dpbusd_epi32(w[r].1, xv, w[r].0)
+                    } else {
+                        _mm512_dpbusd_epi32(w[r].1, w[r].0, xv)
+                    };
+                    let l = _mm512_cvtepi32_ps(l);
                     acc[r][p] = _mm512_fmadd_ps(l, pair_scale(&sc[r][p], j), acc[r][p]);
                 }
             }
@@ -304,7 +272,23 @@ fn tile_q8<const R: usize, const T: usize, const TP: usize>(
     finish_tile::<R, T, TP>(&acc, m.rows, r0, x.t0, out);
 }
 
-/// Rows `rows` × the `T = 2·TP` tokens of `x`, R rows at a time (quantized matrices).
+/// Rows `r0..r0 + R` × the `T = 2·TP` tokens of `x`, by weight type (quantized matrices).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+#[inline]
+fn tile<const R: usize, const T: usize, const TP: usize>(
+    m: &QMatrix,
+    r0: usize,
+    x: &PairView<'_, TP>,
+    out: OutPtr,
+) {
+    match m.ty {
+        WeightType::Q8_0 => tile_q::<R, T, TP, true>(m, r0, x, out),
+        t if t.is_k() => kquant::tile::<R, T, TP>(m, r0, x, out),
+        _ => tile_q::<R, T, TP, false>(m, r0, x, out),
+    }
+}
+
+/// Rows `rows` × the `T = 2·TP` tokens of `x`, R rows at a time, then one at a time.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
 fn tiles<const R: usize, const T: usize, const TP: usize>(
     m: &QMatrix,
@@ -314,19 +298,11 @@ fn tiles<const R: usize, const T: usize, const TP: usize>(
 ) {
     let mut r = rows.start;
     while r + R <= rows.end {
-        match m.ty {
-            WeightType::Q8_0 => tile_q8::<R, T, TP>(m, r, x, out),
-            t if t.is_k() => kquant::tile::<R, T, TP>(m, r, x, out),
-            _ => tile_q4::<R, T, TP>(m, r, x, out),
-        }
+        tile::<R, T, TP>(m, r, x, out);
         r += R;
     }
     while r < rows.end {
-        match m.ty {
-            WeightType::Q8_0 => tile_q8::<1, T, TP>(m, r, x, out),
-            t if t.is_k() => kquant::tile::<1, T, TP>(m, r, x, out),
-            _ => tile_q4::<1, T, TP>(m, r, x, out),
-        }
+        tile::<1, T, TP>(m, r, x, out);
         r += 1;
     }
 }

@@ -9,9 +9,9 @@
 
 use std::arch::x86_64::*;
 
-use super::super::super::kquant::{scales_k4, K4_QS, K5_QH, K5_QS, K6_D, K6_QH, K6_SC};
+use super::super::super::kquant::K6_D;
 use super::super::super::{OutPtr, QMatrix, WeightType, QK_K};
-use super::super::kquant::{f16_le, load32, neg_mins, raw_rows};
+use super::super::kquant::{f16_le, k45_head, k45_quants, k6_quants, k6_scales, raw_rows};
 use super::super::Prefetch;
 use super::{chunk_scales, dup_epi32, dup_ps, finish_tile, pair_scale, PairView};
 
@@ -43,21 +43,16 @@ fn tile_k45<const R: usize, const T: usize, const TP: usize, const Q5: bool>(
 ) {
     let rows = raw_rows::<R>(m, r0);
     let bb = m.ty.block_bytes();
-    let qs_at = if Q5 { K5_QS } else { K4_QS };
     let pf = Prefetch::new::<R>(m, r0, rows[0].as_ptr());
-    let nib = _mm256_set1_epi8(15);
-    let five = _mm256_set1_epi8(0x10);
     let mut acc = [[_mm512_setzero_ps(); TP]; R];
     let mut dd = [[[0f32; 16]; TP]; R];
     for s in 0..m.cols / QK_K {
         let b0 = 8 * s;
         let mut sc = [[0u8; 8]; R];
         for r in 0..R {
-            let blk = &rows[r][s * bb..(s + 1) * bb];
-            let (d, dmin) = (f16_le(blk, 0), f16_le(blk, 2));
-            let (scs, mins) = scales_k4(&blk[4..16]);
+            let (d, scs, mneg) = k45_head(&rows[r][s * bb..(s + 1) * bb]);
             sc[r] = scs;
-            let mneg = dup_ps(neg_mins(dmin, &mins));
+            let mneg = dup_ps(mneg);
             for p in 0..TP {
                 acc[r][p] = _mm512_fmadd_ps(mneg, x.s16(p, b0), acc[r][p]);
             }
@@ -76,20 +71,7 @@ fn tile_k45<const R: usize, const T: usize, const TP: usize, const Q5: bool>(
             for r in 0..R {
                 s0[r] = _mm512_set1_epi16(sc[r][j0].into());
                 s1[r] = _mm512_set1_epi16(sc[r][j1].into());
-                let blk = &rows[r][s * bb..(s + 1) * bb];
-                // SAFETY: `qs_at + 32g + 32 <= bb`, inside the super-block.
-                let v = unsafe { load32(blk.as_ptr().add(qs_at + 32 * g)) };
-                let mut l = _mm256_and_si256(v, nib);
-                let mut h = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
-                if Q5 {
-                    // SAFETY: `K5_QH + 32 <= bb`.
-                    let qh = unsafe { load32(blk.as_ptr().add(K5_QH)) };
-                    let (m0, m1) = (_mm256_set1_epi8(1 << j0), _mm256_set1_epi8(1 << j1));
-                    let h0 = _mm256_cmpeq_epi8(_mm256_and_si256(qh, m0), m0);
-                    let h1 = _mm256_cmpeq_epi8(_mm256_and_si256(qh, m1), m1);
-                    l = _mm256_or_si256(l, _mm256_and_si256(h0, five));
-                    h = _mm256_or_si256(h, _mm256_and_si256(h1, five));
-                }
+                let (l, h) = k45_quants::<Q5>(&rows[r][s * bb..(s + 1) * bb], g);
                 lo[r] = dup_epi32(l);
                 hi[r] = dup_epi32(h);
             }
@@ -121,7 +103,6 @@ fn tile_k6<const R: usize, const T: usize, const TP: usize>(
     let rows = raw_rows::<R>(m, r0);
     let bb = m.ty.block_bytes();
     let pf = Prefetch::new::<R>(m, r0, rows[0].as_ptr());
-    let (nib, top) = (_mm256_set1_epi8(15), _mm256_set1_epi8(0x30));
     let m32 = _mm512_set1_epi8(32);
     let mut acc = [[_mm512_setzero_ps(); TP]; R];
     let mut dd = [[[0f32; 16]; TP]; R];
@@ -134,34 +115,13 @@ fn tile_k6<const R: usize, const T: usize, const TP: usize>(
         // Keep the scales in memory so that they are broadcast by loads.
         std::hint::black_box(&mut dd);
         for j in 0..8 {
-            let (n, g) = (j / 4, j % 4);
             pf.block(b0 + j);
             let mut w = [_mm512_setzero_si512(); R];
             let mut scv = [_mm512_setzero_si512(); R];
             for r in 0..R {
                 let blk = &rows[r][s * bb..(s + 1) * bb];
-                let p = blk.as_ptr();
-                // SAFETY: `64n + 32(g % 2) + 32 <= K6_QH` and `K6_QH + 32n + 32 <= K6_SC`:
-                // inside the super-block.
-                let (ql, qh) = unsafe {
-                    (
-                        load32(p.add(64 * n + 32 * (g % 2))),
-                        load32(p.add(K6_QH + 32 * n)),
-                    )
-                };
-                let low = if g < 2 {
-                    _mm256_and_si256(ql, nib)
-                } else {
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql), nib)
-                };
-                let high = match g {
-                    0 => _mm256_slli_epi16::<4>(qh),
-                    1 => _mm256_slli_epi16::<2>(qh),
-                    2 => qh,
-                    _ => _mm256_srli_epi16::<2>(qh),
-                };
-                w[r] = dup_epi32(_mm256_or_si256(low, _mm256_and_si256(high, top)));
-                let (sa, sb) = (blk[K6_SC + 2 * j] as i8, blk[K6_SC + 2 * j + 1] as i8);
+                w[r] = dup_epi32(k6_quants(blk, j));
+                let (sa, sb) = k6_scales(blk, j);
                 scv[r] = _mm512_inserti64x4::<1>(
                     _mm512_set1_epi16(sa.into()),
                     _mm256_set1_epi16(sb.into()),
