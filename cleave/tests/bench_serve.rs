@@ -3,6 +3,8 @@
 
 #![allow(clippy::disallowed_methods)] // tests and benchmarks may read the environment and poll with sleeps
 
+mod support;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -10,6 +12,7 @@ use std::time::{Duration, Instant};
 use cleave_loadgen::client::{send, Api, Target};
 use cleave_loadgen::tokens::{PromptFormat, TokenMap};
 use cleave_loadgen::workload::RequestSpec;
+use support::{cleave, model_path, stderr_of_failure, stdout_of};
 
 struct Up(Child);
 
@@ -33,14 +36,9 @@ impl Drop for Up {
 
 /// Starts `cleave up` on a free port and returns it with its base URL (…/v1).
 fn up(flags: &[&str]) -> (Up, String) {
-    let model = cleave_engine::gguf::default_model_path();
-    assert!(
-        model.exists(),
-        "run `cleave model fetch` first (scripts/test does)"
-    );
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cleave"))
+    let mut child = cleave()
         .args(["up", "--port", "0", "--model"])
-        .arg(&model)
+        .arg(model_path())
         .args(flags)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -123,39 +121,34 @@ fn sse_timing_from_a_real_endpoint_and_a_tiny_run_with_json_and_charts() {
 
     // A tiny synthetic run: JSON on stdout, three PNGs.
     let dir = std::env::temp_dir().join(format!("cleave-bench-serve-{}", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_cleave"))
-        .args([
-            "bench",
-            "serve",
-            "--url",
-            &base,
-            "--requests",
-            "4",
-            "--rate",
-            "4,8",
-            "--input-len",
-            "32",
-            "--output-len",
-            "4",
-            "--prefix-fraction",
-            "0.5",
-            "--prefix-groups",
-            "1",
-            "--warmup",
-            "1",
-            "--json",
-            "--no-progress",
-            "--plot",
-        ])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = stdout_of(
+        cleave()
+            .args([
+                "bench",
+                "serve",
+                "--url",
+                &base,
+                "--requests",
+                "4",
+                "--rate",
+                "4,8",
+                "--input-len",
+                "32",
+                "--output-len",
+                "4",
+                "--prefix-fraction",
+                "0.5",
+                "--prefix-groups",
+                "1",
+                "--warmup",
+                "1",
+                "--json",
+                "--no-progress",
+                "--plot",
+            ])
+            .arg(&dir),
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
     let points = v["points"].as_array().unwrap();
     assert_eq!(points.len(), 2);
     for p in points {
@@ -184,12 +177,15 @@ fn sse_timing_from_a_real_endpoint_and_a_tiny_run_with_json_and_charts() {
     let _ = std::fs::remove_dir_all(&dir);
 
     // Bad input: a clear error.
-    let out = Command::new(env!("CARGO_BIN_EXE_cleave"))
-        .args(["bench", "serve", "--url", "localhost:1", "--requests", "1"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--url must start with http://"));
+    let err = stderr_of_failure(cleave().args([
+        "bench",
+        "serve",
+        "--url",
+        "localhost:1",
+        "--requests",
+        "1",
+    ]));
+    assert!(err.contains("--url must start with http://"), "{err}");
 }
 
 #[test]

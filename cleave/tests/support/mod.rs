@@ -1,10 +1,12 @@
-//! Helpers of the worker-group tests: worker processes (each rank its own `cleave worker --role decode`),
-//! and network namespaces joined by veth pairs to a bridge (separate "hosts" on one machine).
+//! Helpers of the `cleave` binary's tests: running it, worker processes (each rank its own
+//! `cleave worker --role decode`), and network namespaces joined by veth pairs to a bridge
+//! (separate "hosts" on one machine).
 
 #![allow(clippy::disallowed_methods)] // tests and benchmarks may read the environment and poll with sleeps
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
@@ -86,6 +88,39 @@ impl Drop for Proc {
     }
 }
 
+/// The `cleave` binary of this build.
+pub fn cleave() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_cleave"))
+}
+
+/// The default model, which must have been fetched.
+pub fn model_path() -> PathBuf {
+    let p = default_model_path();
+    assert!(
+        p.exists(),
+        "run `cleave model fetch` first (scripts/test does)"
+    );
+    p
+}
+
+/// Runs `cmd`, asserts that it succeeded (its stderr the message) and returns its stdout.
+pub fn stdout_of(cmd: &mut Command) -> Vec<u8> {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
+/// Runs `cmd`, asserts that it failed and returns its stderr.
+pub fn stderr_of_failure(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(!out.status.success(), "{cmd:?} succeeded");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -94,22 +129,10 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// The argv of rank `rank` of a decode group of `size`, run under `wrap` (e.g. `ip netns exec
-/// NS`), its gRPC/HTTP listening on `host`, the leader's group listener at `leader`.
-pub fn rank_argv(
-    wrap: &[String],
-    host: &str,
-    size: usize,
-    rank: usize,
-    leader: &str,
-    extra: &[&str],
-) -> Vec<String> {
-    role_rank_argv("decode", wrap, host, size, rank, leader, extra)
-}
-
-/// [`rank_argv`] of a `role` (`decode` or `prefill`) rank: `cleave worker --role ROLE`, the
-/// command `cleave up` runs (the same runtime as the `cleave-decode`/`cleave-prefill`
-/// binaries, which are one-line mains over it).
+/// The argv of rank `rank` of a `role` (`decode` or `prefill`) group of `size`, run under
+/// `wrap` (e.g. `ip netns exec NS`), its gRPC/HTTP listening on `host`, the leader's group
+/// listener at `leader`: `cleave worker --role ROLE`, the command `cleave up` runs (the same
+/// runtime as the `cleave-decode`/`cleave-prefill` binaries, which are one-line mains over it).
 pub fn role_rank_argv(
     role: &str,
     wrap: &[String],
