@@ -10,6 +10,7 @@
 //! one vector multiply and then broadcast from the stack, block by block.
 
 use std::arch::x86_64::*;
+use std::ops::Range;
 
 use super::{Activations, OutPtr, PackedRow, QMatrix, QK};
 
@@ -211,6 +212,21 @@ fn offset_weights(row: &PackedRow<'_>, d: __m256, load: impl FnOnce(&[u8]) -> __
     }
 }
 
+/// Calls `tile(r, true)` for each whole group of `R` rows `r..r + R` of `rows`, then
+/// `tile(r, false)` for each row left over.
+#[inline(always)]
+fn row_tiles<const R: usize>(rows: Range<usize>, mut tile: impl FnMut(usize, bool)) {
+    let mut r = rows.start;
+    while r + R <= rows.end {
+        tile(r, true);
+        r += R;
+    }
+    while r < rows.end {
+        tile(r, false);
+        r += 1;
+    }
+}
+
 macro_rules! backend {
     ($name:ident, $feat:literal, $rt:literal, $dot:ident, $q8prep:ident, $q8dot:ident) => {
         pub(super) mod $name {
@@ -220,7 +236,7 @@ macro_rules! backend {
             use super::super::{Activations, OutPtr, QMatrix, WeightType};
             use super::{
                 chunk_scales, expand_qh, finish, iq4nl_table, kquant, load_f16x8, offset_weights,
-                packed_rows, unpack_q4, Prefetch, Tokens, BYTES, NIBBLES, TABLE,
+                packed_rows, row_tiles, unpack_q4, Prefetch, Tokens, BYTES, NIBBLES, TABLE,
             };
             use super::{$dot, $q8dot, $q8prep};
 
@@ -374,15 +390,13 @@ macro_rules! backend {
                 out: OutPtr,
                 rows: Range<usize>,
             ) {
-                let mut r = rows.start;
-                while r + R <= rows.end {
-                    tile::<R, T>(m, r, tok, out);
-                    r += R;
-                }
-                while r < rows.end {
-                    tile::<1, T>(m, r, tok, out);
-                    r += 1;
-                }
+                row_tiles::<R>(rows, |r, whole| {
+                    if whole {
+                        tile::<R, T>(m, r, tok, out)
+                    } else {
+                        tile::<1, T>(m, r, tok, out)
+                    }
+                });
             }
 
             /// Computes rows `rows` × tokens `t0..t0 + nt` (`nt` is 1 or 4).

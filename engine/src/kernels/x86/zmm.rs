@@ -22,7 +22,7 @@ use super::super::{Activations, OutPtr, QMatrix, WeightType};
 mod kquant;
 mod reduce;
 
-use super::{expand_qh, finish, offset_weights, packed_rows, unpack_q4, Prefetch, QK};
+use super::{expand_qh, finish, offset_weights, packed_rows, row_tiles, unpack_q4, Prefetch, QK};
 
 /// Converts the f16 scales of blocks `b..min(b + 8, nb)` of `bytes` (little-endian f16s),
 /// zero past `nb`, with one masked load (the tail of a row otherwise costs a memcpy call per
@@ -296,15 +296,13 @@ fn tiles<const R: usize, const T: usize, const TP: usize>(
     out: OutPtr,
     rows: Range<usize>,
 ) {
-    let mut r = rows.start;
-    while r + R <= rows.end {
-        tile::<R, T, TP>(m, r, x, out);
-        r += R;
-    }
-    while r < rows.end {
-        tile::<1, T, TP>(m, r, x, out);
-        r += 1;
-    }
+    row_tiles::<R>(rows, |r, whole| {
+        if whole {
+            tile::<R, T, TP>(m, r, x, out)
+        } else {
+            tile::<1, T, TP>(m, r, x, out)
+        }
+    });
 }
 
 /// Computes rows `rows` × tokens `t0..t0 + nt` (`nt` is 4, 8 or 16, `t0` even) of a quantized
