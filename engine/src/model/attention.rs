@@ -98,36 +98,94 @@ pub fn attend(
     out: &mut [f32],
     scratch: &mut AttnScratch,
 ) {
+    let a = Attend {
+        cache,
+        layer,
+        slots,
+        q,
+        n_heads,
+        params,
+    };
     #[cfg(target_arch = "x86_64")]
     if has_avx2() && cache.layout().dtype == KvDtype::F32 {
-        let hd = cache.layout().head_dim;
         // SAFETY (all arms): the CPU supports AVX2 and FMA (checked at run time just above).
-        match hd {
-            32 => {
-                return unsafe {
-                    avx2::attend_f32::<4>(cache, layer, slots, q, n_heads, params, out, scratch)
-                }
-            }
-            64 => {
-                return unsafe {
-                    avx2::attend_f32::<8>(cache, layer, slots, q, n_heads, params, out, scratch)
-                }
-            }
-            128 => {
-                return unsafe {
-                    avx2::attend_f32::<16>(cache, layer, slots, q, n_heads, params, out, scratch)
-                }
-            }
+        match cache.layout().head_dim {
+            32 => return unsafe { avx2::attend_f32::<4>(&a, out, scratch) },
+            64 => return unsafe { avx2::attend_f32::<8>(&a, out, scratch) },
+            128 => return unsafe { avx2::attend_f32::<16>(&a, out, scratch) },
             _ => {}
         }
     }
     #[cfg(target_arch = "x86_64")]
     if has_avx2() {
         // SAFETY: the CPU supports AVX2 and FMA (checked at run time just above).
-        unsafe { attend_avx2(cache, layer, slots, q, n_heads, params, out, scratch) };
+        unsafe { attend_avx2(&a, out, scratch) };
         return;
     }
-    attend_any(cache, layer, slots, q, n_heads, params, out, scratch);
+    attend_any(&a, out, scratch);
+}
+
+/// The inputs of one [`attend`] call.
+#[derive(Clone, Copy)]
+struct Attend<'a> {
+    cache: &'a KvCache,
+    layer: usize,
+    slots: &'a [TokenSlot<'a>],
+    q: &'a [f32],
+    n_heads: usize,
+    params: &'a AttnParams,
+}
+
+/// One token's attention through one kv head: its `group` query heads and their output rows
+/// (`group · head_dim` each), over `n` positions.
+struct Group<'a> {
+    n: usize,
+    q: &'a [f32],
+    out: &'a mut [f32],
+}
+
+impl Attend<'_> {
+    /// Calls `f` for each batch token and kv head, with the row offsets of the positions it
+    /// attends to in `scratch.rows` (checked against the pool of `T`s) and `scratch.scores`
+    /// zeroed to `group · n`.
+    #[inline(always)]
+    fn each_group<T: KvElem>(
+        &self,
+        out: &mut [f32],
+        scratch: &mut AttnScratch,
+        mut f: impl FnMut(Group<'_>, &mut AttnScratch),
+    ) {
+        let layout: KvLayout = *self.cache.layout();
+        let gw = self.n_heads / layout.n_kv_heads * layout.head_dim;
+        let pool_len = self.cache.elems::<T>().len();
+        let qw = self.n_heads * layout.head_dim;
+        for (t, s) in self.slots.iter().enumerate() {
+            let (lo, end) = (self.params.first(s.pos), s.pos + 1);
+            let q_t = &self.q[t * qw..(t + 1) * qw];
+            let out_t = &mut out[t * qw..(t + 1) * qw];
+            for g in 0..layout.n_kv_heads {
+                kv_rows(
+                    &layout,
+                    s,
+                    self.layer,
+                    g,
+                    lo..end,
+                    pool_len,
+                    &mut scratch.rows,
+                );
+                scratch.scores.clear();
+                scratch
+                    .scores
+                    .resize(gw / layout.head_dim * (end - lo), 0.0);
+                let group = Group {
+                    n: end - lo,
+                    q: &q_t[g * gw..(g + 1) * gw],
+                    out: &mut out_t[g * gw..(g + 1) * gw],
+                };
+                f(group, scratch);
+            }
+        }
+    }
 }
 
 /// Into `rows`: the element offsets of the key and value rows of kv head `g` at `positions` of
@@ -167,37 +225,15 @@ fn has_avx2() -> bool {
 /// the portable build's, so results are identical on every machine.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-fn attend_avx2(
-    cache: &KvCache,
-    layer: usize,
-    slots: &[TokenSlot],
-    q: &[f32],
-    n_heads: usize,
-    params: &AttnParams,
-    out: &mut [f32],
-    scratch: &mut AttnScratch,
-) {
-    attend_any(cache, layer, slots, q, n_heads, params, out, scratch);
+fn attend_avx2(a: &Attend<'_>, out: &mut [f32], scratch: &mut AttnScratch) {
+    attend_any(a, out, scratch);
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn attend_any(
-    cache: &KvCache,
-    layer: usize,
-    slots: &[TokenSlot],
-    q: &[f32],
-    n_heads: usize,
-    params: &AttnParams,
-    out: &mut [f32],
-    scratch: &mut AttnScratch,
-) {
-    match cache.layout().dtype {
-        KvDtype::F32 => attend_typed::<f32>(cache, layer, slots, q, n_heads, params, out, scratch),
-        KvDtype::F16 => {
-            attend_typed::<half::f16>(cache, layer, slots, q, n_heads, params, out, scratch)
-        }
+fn attend_any(a: &Attend<'_>, out: &mut [f32], scratch: &mut AttnScratch) {
+    match a.cache.layout().dtype {
+        KvDtype::F32 => attend_typed::<f32>(a, out, scratch),
+        KvDtype::F16 => attend_typed::<half::f16>(a, out, scratch),
     }
 }
 
@@ -228,55 +264,34 @@ fn axpy<T: KvElem>(acc: &mut [f32], w: f32, v: &[T]) {
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn attend_typed<T: KvElem>(
-    cache: &KvCache,
-    layer: usize,
-    slots: &[TokenSlot],
-    q: &[f32],
-    n_heads: usize,
-    params: &AttnParams,
-    out: &mut [f32],
-    scratch: &mut AttnScratch,
-) {
-    let layout: KvLayout = *cache.layout();
-    let hd = layout.head_dim;
-    let group = n_heads / layout.n_kv_heads;
-    let scale = params.scale;
-    let mem = cache.elems::<T>();
-    let qw = n_heads * hd;
-    for (t, s) in slots.iter().enumerate() {
-        let (lo, ctx) = (params.first(s.pos), s.pos + 1);
-        let n = ctx - lo;
-        let q_t = &q[t * qw..(t + 1) * qw];
-        let out_t = &mut out[t * qw..(t + 1) * qw];
-        for g in 0..layout.n_kv_heads {
-            kv_rows(&layout, s, layer, g, lo..ctx, mem.len(), &mut scratch.rows);
-            // scores[h * n + j] for the `group` query heads sharing kv head g.
-            scratch.scores.clear();
-            scratch.scores.resize(group * n, 0.0);
-            for (j, &(k, _)) in scratch.rows.iter().enumerate() {
-                let k = &mem[k..k + hd];
-                for h in 0..group {
-                    let qh = &q_t[(g * group + h) * hd..(g * group + h + 1) * hd];
-                    scratch.scores[h * n + j] = dot(qh, k) * scale;
-                }
-            }
+fn attend_typed<T: KvElem>(a: &Attend<'_>, out: &mut [f32], scratch: &mut AttnScratch) {
+    let hd = a.cache.layout().head_dim;
+    let group = a.n_heads / a.cache.layout().n_kv_heads;
+    let (scale, softcap) = (a.params.scale, a.params.softcap);
+    let mem = a.cache.elems::<T>();
+    a.each_group::<T>(out, scratch, |gr, scratch| {
+        let n = gr.n;
+        // scores[h * n + j] for the `group` query heads sharing the kv head.
+        for (j, &(k, _)) in scratch.rows.iter().enumerate() {
+            let k = &mem[k..k + hd];
             for h in 0..group {
-                normalize(&mut scratch.scores[h * n..(h + 1) * n], params.softcap);
+                scratch.scores[h * n + j] = dot(&gr.q[h * hd..(h + 1) * hd], k) * scale;
             }
-            scratch.acc.clear();
-            scratch.acc.resize(group * hd, 0.0);
-            for (j, &(_, v)) in scratch.rows.iter().enumerate() {
-                let v = &mem[v..v + hd];
-                for h in 0..group {
-                    let w = scratch.scores[h * n + j];
-                    axpy(&mut scratch.acc[h * hd..(h + 1) * hd], w, v);
-                }
-            }
-            out_t[g * group * hd..(g + 1) * group * hd].copy_from_slice(&scratch.acc);
         }
-    }
+        for h in 0..group {
+            normalize(&mut scratch.scores[h * n..(h + 1) * n], softcap);
+        }
+        scratch.acc.clear();
+        scratch.acc.resize(group * hd, 0.0);
+        for (j, &(_, v)) in scratch.rows.iter().enumerate() {
+            let v = &mem[v..v + hd];
+            for h in 0..group {
+                let w = scratch.scores[h * n + j];
+                axpy(&mut scratch.acc[h * hd..(h + 1) * hd], w, v);
+            }
+        }
+        gr.out.copy_from_slice(&scratch.acc);
+    });
 }
 
 /// Soft-caps (when asked) and softmaxes one score row: shared by every attention path, so they
@@ -477,16 +492,15 @@ mod tests {
                     &mut fast,
                     &mut scratch,
                 );
-                attend_any(
-                    &cache,
-                    1,
-                    &slots,
-                    &q,
+                let a = Attend {
+                    cache: &cache,
+                    layer: 1,
+                    slots: &slots,
+                    q: &q,
                     n_heads,
-                    &params,
-                    &mut slow,
-                    &mut scratch,
-                );
+                    params: &params,
+                };
+                attend_any(&a, &mut slow, &mut scratch);
                 for (i, (a, b)) in fast.iter().zip(&slow).enumerate() {
                     assert_eq!(
                         a.to_bits(),

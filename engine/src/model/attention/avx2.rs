@@ -7,8 +7,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{kv_rows, normalize, AttnParams, AttnScratch, TokenSlot};
-use crate::kv::memory::{KvCache, KvLayout};
+use super::{normalize, Attend, AttnScratch};
 
 /// `[hsum(a), hsum(b), hsum(c), hsum(d)]`, each `((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 +
 /// v7))`.
@@ -47,84 +46,67 @@ unsafe fn partial<const CH: usize>(q: &[__m256; CH], k: *const f32) -> __m256 {
 
 /// Causal attention of every batch token over its cached positions (see `attend`).
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
 pub(super) fn attend_f32<const CH: usize>(
-    cache: &KvCache,
-    layer: usize,
-    slots: &[TokenSlot],
-    q: &[f32],
-    n_heads: usize,
-    params: &AttnParams,
+    a: &Attend<'_>,
     out: &mut [f32],
     scratch: &mut AttnScratch,
 ) {
-    let layout: KvLayout = *cache.layout();
-    let hd = layout.head_dim;
+    let hd = a.cache.layout().head_dim;
     assert_eq!(hd, 8 * CH);
-    let group = n_heads / layout.n_kv_heads;
-    let scale = params.scale;
-    let mem = cache.elems::<f32>();
-    let qw = n_heads * hd;
-    for (t, s) in slots.iter().enumerate() {
-        let (lo, end) = (params.first(s.pos), s.pos + 1);
+    let group = a.n_heads / a.cache.layout().n_kv_heads;
+    let (scale, softcap) = (a.params.scale, a.params.softcap);
+    let mem = a.cache.elems::<f32>();
+    a.each_group::<f32>(out, scratch, |gr, scratch| {
         // Positions attended to (the whole causal prefix, or the window).
-        let ctx = end - lo;
-        let q_t = &q[t * qw..(t + 1) * qw];
-        let out_t = &mut out[t * qw..(t + 1) * qw];
-        for g in 0..layout.n_kv_heads {
-            // Row offsets of the group's keys and values, position by position (checked).
-            kv_rows(&layout, s, layer, g, lo..end, mem.len(), &mut scratch.rows);
-            scratch.scores.clear();
-            scratch.scores.resize(group * ctx, 0.0);
-            for h in 0..group {
-                let qh = &q_t[(g * group + h) * hd..(g * group + h + 1) * hd];
-                let mut qv = [_mm256_setzero_ps(); CH];
-                for (c, v) in qv.iter_mut().enumerate() {
-                    // SAFETY: `qh` holds `8·CH` f32s.
-                    *v = unsafe { load(qh.as_ptr().add(8 * c)) };
-                }
-                let qh = &qv;
-                let row = &mut scratch.scores[h * ctx..(h + 1) * ctx];
-                let mut j = 0;
-                while j + 4 <= ctx {
-                    let r = &scratch.rows[j..j + 4];
-                    // SAFETY: every row offset was checked against `mem` above.
-                    let v = unsafe {
-                        let p = |i: usize| partial::<CH>(qh, mem.as_ptr().add(r[i].0));
-                        hsum4(p(0), p(1), p(2), p(3))
-                    };
-                    let v = _mm_mul_ps(v, _mm_set1_ps(scale));
-                    // SAFETY: `j + 4 <= ctx = row.len()`; unaligned store.
-                    unsafe { _mm_storeu_ps(row.as_mut_ptr().add(j), v) };
-                    j += 4;
-                }
-                while j < ctx {
-                    let k = mem.as_ptr().wrapping_add(scratch.rows[j].0);
-                    // SAFETY: as above.
-                    let p = unsafe { partial::<CH>(qh, k) };
-                    let z = _mm256_setzero_ps();
-                    row[j] = _mm_cvtss_f32(hsum4(p, z, z, z)) * scale;
-                    j += 1;
-                }
-                normalize(row, params.softcap);
+        let ctx = gr.n;
+        for h in 0..group {
+            let qh = &gr.q[h * hd..(h + 1) * hd];
+            let mut qv = [_mm256_setzero_ps(); CH];
+            for (c, v) in qv.iter_mut().enumerate() {
+                // SAFETY: `qh` holds `8·CH` f32s.
+                *v = unsafe { load(qh.as_ptr().add(8 * c)) };
             }
-            for h in 0..group {
-                let row = &scratch.scores[h * ctx..(h + 1) * ctx];
-                let mut acc = [_mm256_setzero_ps(); CH];
-                for (&w, &(_, v)) in row.iter().zip(&scratch.rows) {
-                    let w = _mm256_set1_ps(w);
-                    let v = mem.as_ptr().wrapping_add(v);
-                    for (c, a) in acc.iter_mut().enumerate() {
-                        // SAFETY: the value row offset was checked against `mem` above.
-                        *a = _mm256_add_ps(*a, _mm256_mul_ps(w, unsafe { load(v.add(8 * c)) }));
-                    }
+            let qh = &qv;
+            let row = &mut scratch.scores[h * ctx..(h + 1) * ctx];
+            let mut j = 0;
+            while j + 4 <= ctx {
+                let r = &scratch.rows[j..j + 4];
+                // SAFETY: every row offset was checked against `mem` above.
+                let v = unsafe {
+                    let p = |i: usize| partial::<CH>(qh, mem.as_ptr().add(r[i].0));
+                    hsum4(p(0), p(1), p(2), p(3))
+                };
+                let v = _mm_mul_ps(v, _mm_set1_ps(scale));
+                // SAFETY: `j + 4 <= ctx = row.len()`; unaligned store.
+                unsafe { _mm_storeu_ps(row.as_mut_ptr().add(j), v) };
+                j += 4;
+            }
+            while j < ctx {
+                let k = mem.as_ptr().wrapping_add(scratch.rows[j].0);
+                // SAFETY: as above.
+                let p = unsafe { partial::<CH>(qh, k) };
+                let z = _mm256_setzero_ps();
+                row[j] = _mm_cvtss_f32(hsum4(p, z, z, z)) * scale;
+                j += 1;
+            }
+            normalize(row, softcap);
+        }
+        for h in 0..group {
+            let row = &scratch.scores[h * ctx..(h + 1) * ctx];
+            let mut acc = [_mm256_setzero_ps(); CH];
+            for (&w, &(_, v)) in row.iter().zip(&scratch.rows) {
+                let w = _mm256_set1_ps(w);
+                let v = mem.as_ptr().wrapping_add(v);
+                for (c, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: the value row offset was checked against `mem` above.
+                    *a = _mm256_add_ps(*a, _mm256_mul_ps(w, unsafe { load(v.add(8 * c)) }));
                 }
-                let o = &mut out_t[(g * group + h) * hd..(g * group + h + 1) * hd];
-                for (c, a) in acc.iter().enumerate() {
-                    // SAFETY: `o` holds `8·CH` f32s; unaligned store.
-                    unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(8 * c), *a) };
-                }
+            }
+            let o = &mut gr.out[h * hd..(h + 1) * hd];
+            for (c, a) in acc.iter().enumerate() {
+                // SAFETY: `o` holds `8·CH` f32s; unaligned store.
+                unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(8 * c), *a) };
             }
         }
-    }
+    });
 }
