@@ -241,6 +241,22 @@ fn f16_at(bytes: &[u8], i: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])).to_f32()
 }
 
+/// Checks that `got` values fill a `rows × cols` matrix.
+fn check_value_count(rows: usize, cols: usize, got: usize) -> Result<(), KernelError> {
+    let expected = rows
+        .checked_mul(cols)
+        .ok_or(KernelError::TooLarge { rows, cols })?;
+    if got != expected {
+        return Err(KernelError::ValueCount {
+            rows,
+            cols,
+            expected,
+            got,
+        });
+    }
+    Ok(())
+}
+
 impl QMatrix {
     /// `bytes` is the ggml row-major data of a `[rows × cols]` matrix (`cols` = ggml `dims[0]`).
     pub fn from_raw(
@@ -319,17 +335,7 @@ impl QMatrix {
 
     /// A F32 matrix from row-major values.
     pub fn from_f32(rows: usize, cols: usize, data: Vec<f32>) -> Result<QMatrix, KernelError> {
-        let expected = rows
-            .checked_mul(cols)
-            .ok_or(KernelError::TooLarge { rows, cols })?;
-        if data.len() != expected {
-            return Err(KernelError::ValueCount {
-                rows,
-                cols,
-                expected,
-                got: data.len(),
-            });
-        }
+        check_value_count(rows, cols, data.len())?;
         Ok(QMatrix {
             ty: WeightType::F32,
             rows,
@@ -347,17 +353,7 @@ impl QMatrix {
         if !cols.is_multiple_of(QK) {
             return Err(KernelError::ColsNotBlockAligned { ty, cols });
         }
-        let expected = rows
-            .checked_mul(cols)
-            .ok_or(KernelError::TooLarge { rows, cols })?;
-        if data.len() != expected {
-            return Err(KernelError::ValueCount {
-                rows,
-                cols,
-                expected,
-                got: data.len(),
-            });
-        }
+        check_value_count(rows, cols, data.len())?;
         let mut raw = Vec::with_capacity(rows * ty.row_bytes(cols));
         for blk in data.chunks_exact(QK) {
             let amax = blk.iter().fold(0f32, |a, v| a.max(v.abs()));

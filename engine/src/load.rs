@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::chat::ChatTemplate;
+use crate::chat::{ChatError, ChatTemplate};
 use crate::collective::{Collective, SingleRank};
 use crate::gguf::GgufFile;
 use crate::kernels::Threads;
@@ -24,6 +24,14 @@ pub enum LoadError {
     Tokenizer(#[from] TokenizerError),
 }
 
+/// The template when it compiled. A model without a usable one still loads, so the reason is
+/// logged, not returned.
+fn usable(template: Result<ChatTemplate, ChatError>) -> Option<ChatTemplate> {
+    template
+        .inspect_err(|e| tracing::warn!("no usable chat template: {e}"))
+        .ok()
+}
+
 /// What the front end (the router, the CLI) needs of a model without its weights.
 pub struct ModelText {
     /// The tokenizer.
@@ -35,6 +43,14 @@ pub struct ModelText {
 }
 
 impl ModelText {
+    fn new(tokenizer: Tokenizer, template: Option<ChatTemplate>, config: &ModelConfig) -> Self {
+        ModelText {
+            tokenizer: Arc::new(tokenizer),
+            template: template.map(Arc::new),
+            max_context: config.context_length,
+        }
+    }
+
     /// Reads the tokenizer, chat template and context length of the GGUF file or Hugging Face
     /// directory at `path`.
     pub fn open(path: &Path) -> Result<Self, LoadError> {
@@ -47,18 +63,8 @@ impl ModelText {
 
     fn from_gguf(g: &GgufFile, config: &ModelConfig) -> Result<Self, LoadError> {
         let tokenizer = Tokenizer::from_gguf(g)?;
-        let template = match ChatTemplate::from_gguf(g, &tokenizer) {
-            Ok(t) => Some(Arc::new(t)),
-            Err(e) => {
-                tracing::warn!("no usable chat template: {e}");
-                None
-            }
-        };
-        Ok(ModelText {
-            tokenizer: Arc::new(tokenizer),
-            template,
-            max_context: config.context_length,
-        })
+        let template = usable(ChatTemplate::from_gguf(g, &tokenizer));
+        Ok(ModelText::new(tokenizer, template, config))
     }
 
     /// The byte-level BPE of `tokenizer.json` and the `chat_template` of
@@ -76,19 +82,13 @@ impl ModelText {
                         .to_string()
                 };
                 let source = c["chat_template"].as_str()?.to_string();
-                match ChatTemplate::new(&source, &text(&c["bos_token"]), &text(&c["eos_token"])) {
-                    Ok(t) => Some(Arc::new(t)),
-                    Err(e) => {
-                        tracing::warn!("no usable chat template: {e}");
-                        None
-                    }
-                }
+                usable(ChatTemplate::new(
+                    &source,
+                    &text(&c["bos_token"]),
+                    &text(&c["eos_token"]),
+                ))
             });
-        Ok(ModelText {
-            tokenizer: Arc::new(tokenizer),
-            template,
-            max_context: config.context_length,
-        })
+        Ok(ModelText::new(tokenizer, template, config))
     }
 }
 

@@ -333,6 +333,15 @@ pub(super) fn tojson(value: &Value, indent: Option<usize>, kwargs: Kwargs) -> Re
     Ok(Value::from(s))
 }
 
+/// Python's item separator, written before every item but the first.
+fn separator<W: ?Sized + io::Write>(w: &mut W, first: bool) -> io::Result<()> {
+    if first {
+        Ok(())
+    } else {
+        w.write_all(b", ")
+    }
+}
+
 /// serde_json formatter with Python's default separators.
 struct PyFormatter;
 
@@ -342,11 +351,7 @@ impl serde_json::ser::Formatter for PyFormatter {
         w: &mut W,
         first: bool,
     ) -> io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            w.write_all(b", ")
-        }
+        separator(w, first)
     }
 
     fn begin_object_key<W: ?Sized + io::Write>(
@@ -354,11 +359,7 @@ impl serde_json::ser::Formatter for PyFormatter {
         w: &mut W,
         first: bool,
     ) -> io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            w.write_all(b", ")
-        }
+        separator(w, first)
     }
 
     fn begin_object_value<W: ?Sized + io::Write>(&mut self, w: &mut W) -> io::Result<()> {
