@@ -280,7 +280,7 @@ pub fn render(
 #[cfg(test)]
 mod tests {
     use super::super::desired;
-    use super::super::tests::{inputs, isvc as chat, spec};
+    use super::super::tests::{deployment, inputs, isvc as chat, pod_labels, spec};
     use super::*;
 
     /// The render tests' service, with or without its InferencePool (fail-open).
@@ -306,12 +306,9 @@ mod tests {
     }
 
     fn decode_pod(d: &Desired) -> k8s_openapi::api::core::v1::PodSpec {
-        d.deployments
-            .iter()
-            .find(|o| o.metadata.name.as_deref() == Some("chat-decode"))
-            .and_then(|o| o.spec.clone())
-            .and_then(|s| s.template.spec)
-            .expect("the decode Deployment")
+        let dep = deployment(d, "chat-decode");
+        let template = &dep.spec.as_ref().unwrap().template;
+        template.spec.clone().expect("the decode pod spec")
     }
 
     #[test]
@@ -402,11 +399,7 @@ mod tests {
         assert_eq!(env["CLEAVE_EPP_POOL"], "chat-pool");
         assert_eq!(env["CLEAVE_EPP_LISTEN"], "0.0.0.0:9002");
         assert_eq!(env["CLEAVE_KUBE_NAMESPACE"], "ml");
-        let dep = d
-            .deployments
-            .iter()
-            .find(|o| o.metadata.name.as_deref() == Some("chat-epp"))
-            .expect("epp deployment");
+        let dep = deployment(&d, "chat-epp");
         let spec = dep.spec.as_ref().unwrap();
         assert_eq!(spec.replicas, Some(1));
         let pod = spec.template.spec.as_ref().unwrap();
@@ -417,14 +410,7 @@ mod tests {
             Some(&["cleave-router".to_string()][..])
         );
         assert_eq!(c.ports.as_ref().unwrap()[0].container_port, EPP_PORT);
-        let labels = spec
-            .template
-            .metadata
-            .as_ref()
-            .unwrap()
-            .labels
-            .as_ref()
-            .unwrap();
+        let labels = pod_labels(dep);
         for (k, v) in spec.selector.match_labels.as_ref().unwrap() {
             assert_eq!(labels.get(k), Some(v), "the selector matches the pods");
         }

@@ -35,11 +35,17 @@ pub(super) fn inputs() -> Inputs {
     }
 }
 
-fn deployment<'a>(d: &'a Desired, name: &str) -> &'a Deployment {
+pub(super) fn deployment<'a>(d: &'a Desired, name: &str) -> &'a Deployment {
     d.deployments
         .iter()
         .find(|x| x.metadata.name.as_deref() == Some(name))
         .unwrap_or_else(|| panic!("no deployment {name}"))
+}
+
+/// The labels of `dep`'s pods.
+pub(super) fn pod_labels(dep: &Deployment) -> &std::collections::BTreeMap<String, String> {
+    let template = &dep.spec.as_ref().unwrap().template;
+    template.metadata.as_ref().unwrap().labels.as_ref().unwrap()
 }
 
 #[test]
@@ -49,14 +55,7 @@ fn single_node_pools_become_deployments_with_contract_labels() {
     let dec = deployment(&d, "chat-decode");
     let ds = dec.spec.as_ref().unwrap();
     assert_eq!(ds.replicas, Some(3));
-    let pod = ds
-        .template
-        .metadata
-        .as_ref()
-        .unwrap()
-        .labels
-        .as_ref()
-        .unwrap();
+    let pod = pod_labels(dec);
     assert_eq!(pod["serving.cleave.dev/pool"], "decode");
     assert_eq!(pod["app.kubernetes.io/instance"], "chat");
     assert_eq!(pod["app.kubernetes.io/managed-by"], "cleave-operator");
