@@ -10,6 +10,8 @@
 
 mod support;
 
+use std::path::{Path, PathBuf};
+
 use reqwest::StatusCode;
 use serde_json::Value;
 use support::{chat, next_generation, replace, scratch, worker, Router};
@@ -28,6 +30,23 @@ impl Reply {
     fn json(&self) -> Value {
         serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
     }
+}
+
+/// The router over `decode` with the API keys `keys` (written to a keys file in a fresh scratch
+/// folder `name`, whose path it returns too) and the `extra` flags.
+async fn keyed_router(
+    model: &Path,
+    decode: &str,
+    name: &str,
+    keys: &str,
+    extra: &[&str],
+) -> (Router, PathBuf) {
+    let file = scratch(name).join("keys");
+    std::fs::write(&file, keys).unwrap();
+    let file_flag = file.display().to_string();
+    let mut flags = vec!["--api-keys-file", &file_flag];
+    flags.extend_from_slice(extra);
+    (Router::start(model, decode, &flags).await, file)
 }
 
 async fn post(router: &Router, key: Option<&str>, body: String) -> Reply {
@@ -81,24 +100,12 @@ async fn a_key_over_its_rpm_gets_429_and_other_keys_are_unaffected() {
     let Some(model) = support::model() else {
         return;
     };
-    let dir = scratch("limits-rpm");
-    let keys = dir.join("keys");
-    std::fs::write(
-        &keys,
-        "# team A is limited, B has its own budget, the third key is old-style\n\
-         sk-a rpm=2 name=team-a\n\
-         sk-b rpm=2 name=team-b\n\
-         sk-plain\n",
-    )
-    .unwrap();
     let (decode, _gate) = worker(true).await;
-    let keys_flag = keys.display().to_string();
-    let router = Router::start(
-        &model,
-        &decode,
-        &["--api-keys-file", &keys_flag, "--key-metrics"],
-    )
-    .await;
+    let keys = "# team A is limited, B has its own budget, the third key is old-style\n\
+                sk-a rpm=2 name=team-a\n\
+                sk-b rpm=2 name=team-b\n\
+                sk-plain\n";
+    let (router, _) = keyed_router(&model, &decode, "limits-rpm", keys, &["--key-metrics"]).await;
 
     for remaining in ["1", "0"] {
         let ok = post(&router, Some("sk-a"), chat(false, 4)).await;
@@ -154,12 +161,9 @@ async fn the_one_key_per_line_file_still_works_and_adds_no_headers_or_metrics() 
     let Some(model) = support::model() else {
         return;
     };
-    let dir = scratch("limits-old");
-    let keys = dir.join("keys");
-    std::fs::write(&keys, "sk-one\n\n  sk-two  \n").unwrap();
     let (decode, _gate) = worker(true).await;
-    let keys_flag = keys.display().to_string();
-    let router = Router::start(&model, &decode, &["--api-keys-file", &keys_flag]).await;
+    let keys = "sk-one\n\n  sk-two  \n";
+    let (router, _) = keyed_router(&model, &decode, "limits-old", keys, &[]).await;
     for _ in 0..3 {
         for key in ["sk-one", "sk-two"] {
             let ok = post(&router, Some(key), chat(false, 4)).await;
@@ -179,13 +183,10 @@ async fn a_concurrency_cap_refuses_a_second_request_while_the_first_streams() {
     let Some(model) = support::model() else {
         return;
     };
-    let dir = scratch("limits-conc");
-    let keys = dir.join("keys");
-    std::fs::write(&keys, "sk-c concurrency=1\nsk-d concurrency=1\n").unwrap();
     // The worker holds every stream after its first token until the gate opens.
     let (decode, gate) = worker(false).await;
-    let keys_flag = keys.display().to_string();
-    let router = Router::start(&model, &decode, &["--api-keys-file", &keys_flag]).await;
+    let keys = "sk-c concurrency=1\nsk-d concurrency=1\n";
+    let (router, _) = keyed_router(&model, &decode, "limits-conc", keys, &[]).await;
     let url = format!("http://{}/v1/chat/completions", router.addr());
     let client = client();
     let stream = |key: &'static str| {
@@ -230,12 +231,8 @@ async fn tokens_are_reserved_as_prompt_plus_max_tokens_and_settled_to_usage() {
     let Some(model) = support::model() else {
         return;
     };
-    let dir = scratch("limits-tpm");
-    let keys = dir.join("keys");
-    std::fs::write(&keys, "sk-t tpm=600\n").unwrap();
     let (decode, _gate) = worker(true).await;
-    let keys_flag = keys.display().to_string();
-    let router = Router::start(&model, &decode, &["--api-keys-file", &keys_flag]).await;
+    let (router, _) = keyed_router(&model, &decode, "limits-tpm", "sk-t tpm=600\n", &[]).await;
 
     let too_big = post(&router, Some("sk-t"), chat(false, 700)).await;
     assert_rate_limited(&too_big);
@@ -277,15 +274,14 @@ async fn a_changed_keys_file_takes_effect_without_restart() {
     let Some(model) = support::model() else {
         return;
     };
-    let dir = scratch("limits-reload");
-    let keys = dir.join("keys");
-    std::fs::write(&keys, "sk-r rpm=1\nsk-gone\n").unwrap();
     let (decode, _gate) = worker(true).await;
-    let keys_flag = keys.display().to_string();
-    let router = Router::start(
+    let reload = ["--reload-interval", "0.05"];
+    let (router, keys) = keyed_router(
         &model,
         &decode,
-        &["--api-keys-file", &keys_flag, "--reload-interval", "0.05"],
+        "limits-reload",
+        "sk-r rpm=1\nsk-gone\n",
+        &reload,
     )
     .await;
     let mut generation = router.running.keys.as_ref().unwrap().generation();
