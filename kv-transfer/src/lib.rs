@@ -27,7 +27,7 @@ pub use transport::tcp::TcpTransport;
 #[cfg(have_ucx)]
 pub use transport::ucx::UcxTransport;
 pub use transport::{
-    default_transport, ucx_available, ucx_or_skip, Backend, BackendChoice, Transport,
+    default_transport, ucx_available, ucx_or_skip, Backend, BackendChoice, Direction, Transport,
     TransportConfig,
 };
 
@@ -98,6 +98,20 @@ pub struct TransferStats {
     pub issued_ops: usize,
     /// Time from the call until the bytes were visible at the remote.
     pub elapsed: Duration,
+}
+
+impl TransferStats {
+    /// The stats of moving `runs` (the coalesced `requested_ops`) with `backend`; `elapsed` is
+    /// filled in when the transfer ends.
+    pub(crate) fn planned(backend: Backend, requested_ops: usize, runs: &[Run]) -> Self {
+        TransferStats {
+            backend,
+            bytes: runs.iter().map(|r| r.len as u64).sum(),
+            requested_ops,
+            issued_ops: runs.len(),
+            elapsed: Duration::ZERO,
+        }
+    }
 }
 
 /// Hex (de)serialization of byte strings, so descriptors stay readable in JSON.

@@ -69,6 +69,15 @@ impl Default for TransportConfig {
     }
 }
 
+/// Which way a transfer moves the bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// Local region → remote region.
+    Write,
+    /// Remote region → local region.
+    Read,
+}
+
 /// Moves KV bytes between this process's regions and its peers'. One per process.
 ///
 /// Implementations are `Send + Sync`; calls may come from any task. `write`/`read` must be
@@ -84,12 +93,13 @@ pub trait Transport: Send + Sync + std::fmt::Debug {
     /// Allocates a zeroed region of `bytes` bytes that peers can write into.
     fn allocate_region(&self, bytes: usize) -> Result<Region, Error>;
 
-    /// Copies each op's `len` bytes from `local` at `local_offset` into the peer's region at
-    /// `remote_offset`. Returns once the bytes are visible at the peer. Contiguous ops are
-    /// coalesced. On error or cancellation the target ranges hold undefined bytes; the call is
-    /// idempotent, so it can simply be retried.
-    async fn write(
+    /// Copies each op's `len` bytes between `local` at `local_offset` and the peer's region
+    /// at `remote_offset`, the way `dir` says. Returns once the bytes are visible at the
+    /// destination. Contiguous ops are coalesced. On error or cancellation the target ranges
+    /// hold undefined bytes; the call is idempotent, so it can simply be retried.
+    async fn transfer(
         &self,
+        dir: Direction,
         peer: &WorkerAddress,
         remote: &RegionDescriptor,
         ops: &[WriteOp],
@@ -97,8 +107,20 @@ pub trait Transport: Send + Sync + std::fmt::Debug {
         cancel: CancellationToken,
     ) -> Result<TransferStats, Error>;
 
-    /// The reverse of [`Transport::write`]: copies the peer's bytes at `remote_offset` into
-    /// `local` at `local_offset`.
+    /// [`Transport::transfer`] from `local` into the peer's region.
+    async fn write(
+        &self,
+        peer: &WorkerAddress,
+        remote: &RegionDescriptor,
+        ops: &[WriteOp],
+        local: &RegionHandle,
+        cancel: CancellationToken,
+    ) -> Result<TransferStats, Error> {
+        self.transfer(Direction::Write, peer, remote, ops, local, cancel)
+            .await
+    }
+
+    /// [`Transport::transfer`] from the peer's region into `local`.
     async fn read(
         &self,
         peer: &WorkerAddress,
@@ -106,7 +128,10 @@ pub trait Transport: Send + Sync + std::fmt::Debug {
         ops: &[WriteOp],
         local: &RegionHandle,
         cancel: CancellationToken,
-    ) -> Result<TransferStats, Error>;
+    ) -> Result<TransferStats, Error> {
+        self.transfer(Direction::Read, peer, remote, ops, local, cancel)
+            .await
+    }
 }
 
 /// Whether this build was compiled with UCX (found by pkg-config at build time).

@@ -10,7 +10,7 @@ mod send;
 mod wire;
 
 use crate::region::{alloc_heap, RegionMem};
-use crate::transport::{Backend, Transport, TransportConfig};
+use crate::transport::{Backend, Direction, Transport, TransportConfig};
 use crate::{
     Error, Region, RegionDescriptor, RegionHandle, RegionId, TransferStats, WorkerAddress, WriteOp,
 };
@@ -131,20 +131,7 @@ impl TcpTransport {
     pub(crate) fn config(&self) -> &TransportConfig {
         &self.shared.config
     }
-
-    pub(crate) async fn transfer(
-        &self,
-        dir: send::Direction,
-        remote: &RegionDescriptor,
-        ops: &[WriteOp],
-        local: &RegionHandle,
-        cancel: CancellationToken,
-    ) -> Result<TransferStats, Error> {
-        send::transfer(&self.shared, dir, remote, ops, local, &cancel).await
-    }
 }
-
-pub(crate) use send::Direction;
 
 #[async_trait::async_trait]
 impl Transport for TcpTransport {
@@ -176,28 +163,16 @@ impl Transport for TcpTransport {
         })
     }
 
-    async fn write(
+    async fn transfer(
         &self,
+        dir: Direction,
         _peer: &WorkerAddress,
         remote: &RegionDescriptor,
         ops: &[WriteOp],
         local: &RegionHandle,
         cancel: CancellationToken,
     ) -> Result<TransferStats, Error> {
-        self.transfer(Direction::Write, remote, ops, local, cancel)
-            .await
-    }
-
-    async fn read(
-        &self,
-        _peer: &WorkerAddress,
-        remote: &RegionDescriptor,
-        ops: &[WriteOp],
-        local: &RegionHandle,
-        cancel: CancellationToken,
-    ) -> Result<TransferStats, Error> {
-        self.transfer(Direction::Read, remote, ops, local, cancel)
-            .await
+        send::transfer(&self.shared, dir, remote, ops, local, &cancel).await
     }
 }
 

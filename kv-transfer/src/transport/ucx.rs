@@ -14,7 +14,8 @@
 mod worker;
 
 use crate::region::RegionMem;
-use crate::transport::tcp::{Direction, TcpTransport};
+use crate::transport::tcp::TcpTransport;
+use crate::transport::Direction;
 use crate::transport::{bounded, Backend, Transport, TransportConfig};
 use crate::{
     plan, Error, Region, RegionDescriptor, RegionHandle, TransferStats, UcxRegionDescriptor,
@@ -77,13 +78,7 @@ impl UcxTransport {
     ) -> Result<TransferStats, Error> {
         let start = Instant::now();
         let runs = plan(ops, local.len(), remote.len as usize)?;
-        let stats = TransferStats {
-            backend: Backend::Ucx,
-            bytes: runs.iter().map(|r| r.len as u64).sum(),
-            requested_ops: ops.len(),
-            issued_ops: runs.len(),
-            elapsed: Default::default(),
-        };
+        let stats = TransferStats::planned(Backend::Ucx, ops.len(), &runs);
         if runs.is_empty() {
             return Ok(TransferStats {
                 elapsed: start.elapsed(),
@@ -131,21 +126,6 @@ impl UcxTransport {
             }
         }
     }
-
-    async fn transfer(
-        &self,
-        dir: Direction,
-        peer: &WorkerAddress,
-        remote: &RegionDescriptor,
-        ops: &[WriteOp],
-        local: &RegionHandle,
-        cancel: CancellationToken,
-    ) -> Result<TransferStats, Error> {
-        match (&peer.ucx, &remote.ucx) {
-            (Some(addr), Some(ucx)) => self.rma(dir, addr, ucx, remote, ops, local, cancel).await,
-            _ => self.tcp.transfer(dir, remote, ops, local, cancel).await,
-        }
-    }
 }
 
 #[async_trait::async_trait]
@@ -191,27 +171,22 @@ impl Transport for UcxTransport {
         })
     }
 
-    async fn write(
+    async fn transfer(
         &self,
+        dir: Direction,
         peer: &WorkerAddress,
         remote: &RegionDescriptor,
         ops: &[WriteOp],
         local: &RegionHandle,
         cancel: CancellationToken,
     ) -> Result<TransferStats, Error> {
-        self.transfer(Direction::Write, peer, remote, ops, local, cancel)
-            .await
-    }
-
-    async fn read(
-        &self,
-        peer: &WorkerAddress,
-        remote: &RegionDescriptor,
-        ops: &[WriteOp],
-        local: &RegionHandle,
-        cancel: CancellationToken,
-    ) -> Result<TransferStats, Error> {
-        self.transfer(Direction::Read, peer, remote, ops, local, cancel)
-            .await
+        match (&peer.ucx, &remote.ucx) {
+            (Some(addr), Some(ucx)) => self.rma(dir, addr, ucx, remote, ops, local, cancel).await,
+            _ => {
+                self.tcp
+                    .transfer(dir, peer, remote, ops, local, cancel)
+                    .await
+            }
+        }
     }
 }

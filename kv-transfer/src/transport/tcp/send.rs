@@ -7,7 +7,7 @@
 
 use super::wire::{Header, Op, Status, HEADER_LEN};
 use super::{Conn, Shared, HANDSHAKE_TIMEOUT};
-use crate::transport::{bounded, Backend};
+use crate::transport::{bounded, Backend, Direction};
 use crate::{plan, Error, RegionDescriptor, RegionHandle, Run, Side, TransferStats, WriteOp};
 use std::io;
 use std::net::SocketAddr;
@@ -15,15 +15,6 @@ use std::time::Instant;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
-
-/// Which way the bytes go.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Direction {
-    /// Local region → remote region.
-    Write,
-    /// Remote region → local region.
-    Read,
-}
 
 pub(super) async fn transfer(
     shared: &Shared,
@@ -35,14 +26,7 @@ pub(super) async fn transfer(
 ) -> Result<TransferStats, Error> {
     let start = Instant::now();
     let runs = plan(ops, local.len(), remote.len as usize)?;
-    let bytes = runs.iter().map(|r| r.len as u64).sum();
-    let stats = TransferStats {
-        backend: Backend::Tcp,
-        bytes,
-        requested_ops: ops.len(),
-        issued_ops: runs.len(),
-        elapsed: Default::default(),
-    };
+    let stats = TransferStats::planned(Backend::Tcp, ops.len(), &runs);
     if runs.is_empty() {
         return Ok(TransferStats {
             elapsed: start.elapsed(),

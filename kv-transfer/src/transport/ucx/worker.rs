@@ -6,7 +6,7 @@
 //! the worker and sleeps in `poll` on the worker's event fd, which also wakes for incoming
 //! traffic (transports that emulate RMA need the owner to progress) and for new commands.
 
-use crate::transport::tcp::Direction;
+use crate::transport::Direction;
 use crate::{Error, RegionHandle, Run};
 use cleave_ucx_sys as sys;
 use std::collections::HashMap;
