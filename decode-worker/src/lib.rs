@@ -32,14 +32,6 @@ pub const SERVICE: RoleService = RoleService {
     routes: |state| tonic::service::Routes::new(service(state)),
 };
 
-/// Starts a decode worker (see [`cleave_worker::run`]).
-pub async fn run(
-    config: cleave_worker::WorkerConfig,
-    shutdown: tokio_util::sync::CancellationToken,
-) -> Result<cleave_worker::Running, cleave_worker::WorkerError> {
-    cleave_worker::run(SERVICE, config, shutdown).await
-}
-
 /// The decode worker's gRPC handler.
 pub struct Decode {
     state: Arc<WorkerState>,

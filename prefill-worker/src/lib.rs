@@ -24,14 +24,6 @@ pub const SERVICE: RoleService = RoleService {
     routes: |state| tonic::service::Routes::new(service(state)),
 };
 
-/// Starts a prefill worker (see [`cleave_worker::run`]).
-pub async fn run(
-    config: cleave_worker::WorkerConfig,
-    shutdown: tokio_util::sync::CancellationToken,
-) -> Result<cleave_worker::Running, cleave_worker::WorkerError> {
-    cleave_worker::run(SERVICE, config, shutdown).await
-}
-
 /// The prefill worker's gRPC handler.
 pub struct Prefill {
     state: Arc<WorkerState>,

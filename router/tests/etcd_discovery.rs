@@ -161,7 +161,8 @@ async fn router_discovers_and_drops_an_etcd_registered_worker() {
     assert!(router.cluster.all().is_empty());
 
     let worker_stop = CancellationToken::new();
-    let worker = cleave_decode_worker::run(
+    let worker = cleave_worker::run(
+        cleave_decode_worker::SERVICE,
         WorkerConfig {
             kv_blocks: 64,
             step_tokens: 32,
