@@ -20,7 +20,7 @@ use cleave_collective::{AllReduceOrder, GroupConfig, NetGroup, Pending};
 use cleave_engine::collective::Collective;
 use cleave_engine::gguf::default_model_path;
 use cleave_engine::kernels::Threads;
-use cleave_engine::kv::memory::{KvCache, KvDtype, KvLayout};
+use cleave_engine::kv::memory::{KvCache, KvDtype};
 use cleave_engine::kv::BlockId;
 use cleave_engine::load::Loaded;
 use cleave_engine::model::{Logits, Model, SeqChunk, Workspace};
@@ -176,13 +176,7 @@ fn measure(m: &Model, c: &dyn Collective, tokens: &[u32]) -> Result<Times, Error
     let bs = 16;
     let long_blocks = (PROMPT + DECODE).div_ceil(bs);
     let short_blocks = (16 + BATCH_STEPS).div_ceil(bs);
-    let layout = KvLayout {
-        n_layers: m.config.n_layers,
-        n_kv_heads: m.local_kv_heads(),
-        head_dim: m.config.head_dim,
-        block_size: bs,
-        dtype: KvDtype::F32,
-    };
+    let layout = m.kv_layout(bs, KvDtype::F32);
     let mut cache = KvCache::on_heap(layout, long_blocks + BATCH * short_blocks);
     let ids = |from: usize, n: usize| -> Vec<BlockId> {
         (from as u32..(from + n) as u32).map(BlockId).collect()

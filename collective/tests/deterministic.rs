@@ -19,7 +19,7 @@ use cleave_engine::engine::{
 };
 use cleave_engine::gguf::default_model_path;
 use cleave_engine::kernels::Threads;
-use cleave_engine::kv::memory::{KvCache, KvDtype, KvLayout};
+use cleave_engine::kv::memory::{KvCache, KvDtype};
 use cleave_engine::load::Loaded;
 use cleave_engine::sample::SamplingParams;
 use cleave_engine::schedule::SchedulerConfig;
@@ -159,13 +159,7 @@ impl Group {
 
 fn cache_for(l: &Loaded, blocks: usize) -> KvCache {
     let m = &l.model;
-    let layout = KvLayout {
-        n_layers: m.config.n_layers,
-        n_kv_heads: m.local_kv_heads(),
-        head_dim: m.config.head_dim,
-        block_size: cleave_engine::kv::DEFAULT_BLOCK_SIZE,
-        dtype: KvDtype::F32,
-    };
+    let layout = m.kv_layout(cleave_engine::kv::DEFAULT_BLOCK_SIZE, KvDtype::F32);
     KvCache::on_heap(layout, blocks)
 }
 

@@ -14,7 +14,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::collective::CollectiveError;
 use crate::constrain::{ConstraintError, ConstraintState, LazyGrammars};
-use crate::kv::memory::{KvCache, KvDtype, KvLayout};
+use crate::kv::memory::{KvCache, KvDtype};
 use crate::kv::{BlockId, KvEventRecord, PoolStats};
 use crate::model::Model;
 use crate::sample::{ParamError, SamplingParams, TokenLogprob};
@@ -131,6 +131,20 @@ pub enum SeqEvent {
         /// Text still held back at the end (already cut at a stop string).
         text: String,
     },
+}
+
+/// Drains one request's events: its token ids, and how it finished (`None` when the stream
+/// ended without [`SeqEvent::Done`]). Other events are skipped.
+pub async fn token_ids(mut rx: UnboundedReceiver<SeqEvent>) -> (Vec<u32>, Option<FinishReason>) {
+    let mut ids = Vec::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            SeqEvent::Token { id, .. } => ids.push(id),
+            SeqEvent::Done { reason, .. } => return (ids, Some(reason)),
+            _ => {}
+        }
+    }
+    (ids, None)
 }
 
 /// Why a relay to a worker group's followers failed.
@@ -294,13 +308,7 @@ pub struct Engine {
 impl Engine {
     /// Starts the compute thread with a heap-allocated KV pool.
     pub fn start(model: Arc<Model>, tokenizer: Arc<Tokenizer>, config: EngineConfig) -> Self {
-        let layout = KvLayout {
-            n_layers: model.config.n_layers,
-            n_kv_heads: model.local_kv_heads(),
-            head_dim: model.config.head_dim,
-            block_size: config.scheduler.block_size,
-            dtype: config.kv_dtype,
-        };
+        let layout = model.kv_layout(config.scheduler.block_size, config.kv_dtype);
         let cache = KvCache::on_heap(layout, config.num_blocks);
         Self::start_with_cache(model, tokenizer, config, cache)
     }

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use crate::collective::{Collective, SingleRank};
 use crate::gguf::{GgufError, GgufFile};
 use crate::kernels::{KernelError, Threads};
+use crate::kv::memory::{KvDtype, KvLayout};
 
 pub use config::{
     Activation, Arch, ArchOptions, ModelConfig, MoeConfig, RopeScaling, RopeStyle, SlidingWindow,
@@ -150,5 +151,16 @@ impl Model {
     /// Key/value heads held by this rank (the KV layout's head count).
     pub fn local_kv_heads(&self) -> usize {
         self.config.n_kv_heads / self.collective.world()
+    }
+
+    /// The layout of this rank's KV cache for blocks of `block_size` tokens stored as `dtype`.
+    pub fn kv_layout(&self, block_size: usize, dtype: KvDtype) -> KvLayout {
+        KvLayout {
+            n_layers: self.config.n_layers,
+            n_kv_heads: self.local_kv_heads(),
+            head_dim: self.config.head_dim,
+            block_size,
+            dtype,
+        }
     }
 }

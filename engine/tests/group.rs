@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use cleave_engine::collective::{Collective, CollectiveError, LocalGroup};
 use cleave_engine::engine::{
-    run_follower, Engine, EngineConfig, EngineError, FinishReason, GenerateRequest, GroupLink,
-    SeqEvent,
+    run_follower, token_ids, Engine, EngineConfig, EngineError, FinishReason, GenerateRequest,
+    GroupLink,
 };
 use cleave_engine::gguf::{default_model_path, GgufFile};
 use cleave_engine::kernels::Threads;
-use cleave_engine::kv::memory::{KvCache, KvDtype, KvLayout};
+use cleave_engine::kv::memory::{KvCache, KvDtype};
 use cleave_engine::model::Model;
 use cleave_engine::sample::SamplingParams;
 
@@ -71,13 +71,7 @@ impl Collective for Failing {
 }
 
 fn cache_for(model: &Model, blocks: usize) -> KvCache {
-    let layout = KvLayout {
-        n_layers: model.config.n_layers,
-        n_kv_heads: model.local_kv_heads(),
-        head_dim: model.config.head_dim,
-        block_size: cleave_engine::kv::DEFAULT_BLOCK_SIZE,
-        dtype: KvDtype::F32,
-    };
+    let layout = model.kv_layout(cleave_engine::kv::DEFAULT_BLOCK_SIZE, KvDtype::F32);
     KvCache::on_heap(layout, blocks)
 }
 
@@ -90,18 +84,11 @@ fn greedy(n: usize) -> SamplingParams {
 }
 
 async fn collect(engine: &Engine, prompt: Vec<u32>, n: usize) -> (Vec<u32>, FinishReason) {
-    let (_, mut rx) = engine
+    let (_, rx) = engine
         .submit(GenerateRequest::new(prompt, greedy(n)))
         .unwrap();
-    let mut ids = Vec::new();
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            SeqEvent::Token { id, .. } => ids.push(id),
-            SeqEvent::Done { reason, .. } => return (ids, reason),
-            _ => {}
-        }
-    }
-    panic!("stream ended without Done");
+    let (ids, reason) = token_ids(rx).await;
+    (ids, reason.expect("stream ended without Done"))
 }
 
 /// Starts a TP=3 group: rank 0's engine is returned, ranks 1 and 2 run follower loops on

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use cleave_engine::collective::{Collective, LocalGroup, SingleRank};
 use cleave_engine::gguf::{default_model_path, GgufFile};
 use cleave_engine::kernels::Threads;
-use cleave_engine::kv::memory::{KvCache, KvDtype, KvLayout};
+use cleave_engine::kv::memory::{KvCache, KvDtype};
 use cleave_engine::kv::BlockId;
 use cleave_engine::model::{Logits, Model, SeqChunk, Workspace};
 
@@ -49,13 +49,7 @@ fn row_hash(row: &[f32]) -> u64 {
 /// Runs `tokens` through the model in chunks of `chunk` with every position's logits.
 fn pass(m: &Model, tokens: &[u32], chunk: usize, given: Option<&[u32]>, stats: bool) -> Pass {
     let bs = 16;
-    let layout = KvLayout {
-        n_layers: m.config.n_layers,
-        n_kv_heads: m.local_kv_heads(),
-        head_dim: m.config.head_dim,
-        block_size: bs,
-        dtype: KvDtype::F32,
-    };
+    let layout = m.kv_layout(bs, KvDtype::F32);
     let nb = tokens.len().div_ceil(bs);
     let mut cache = KvCache::on_heap(layout, nb);
     let blocks: Vec<BlockId> = (0..nb as u32).map(BlockId).collect();

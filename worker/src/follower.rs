@@ -4,7 +4,7 @@
 use axum::routing::get;
 use cleave_engine::engine::run_follower_with;
 use cleave_engine::kernels::Threads;
-use cleave_engine::kv::memory::{KvCache, KvLayout};
+use cleave_engine::kv::memory::KvCache;
 use cleave_kv_transfer::default_transport;
 use tokio_util::sync::CancellationToken;
 
@@ -39,13 +39,7 @@ pub async fn run(
         )
     })
     .await??;
-    let layout = KvLayout {
-        n_layers: model.config.n_layers,
-        n_kv_heads: model.local_kv_heads(),
-        head_dim: model.config.head_dim,
-        block_size: cleave_engine::kv::DEFAULT_BLOCK_SIZE,
-        dtype: config.kv_dtype,
-    };
+    let layout = model.kv_layout(cleave_engine::kv::DEFAULT_BLOCK_SIZE, config.kv_dtype);
     // The KV pool comes from the transport, so a prefill peer can write this rank's heads
     // straight into it (and a prefill follower can write from it).
     let transport = default_transport(&crate::kv_addr::transport_config(&config)?)

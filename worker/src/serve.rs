@@ -130,13 +130,7 @@ pub async fn run(
         ..crate::kv_addr::transport_config(&config)?
     };
     let transport = default_transport(&transport_config).map_err(WorkerError::Transport)?;
-    let layout = KvLayout {
-        n_layers: model.config.n_layers,
-        n_kv_heads: model.local_kv_heads(),
-        head_dim: model.config.head_dim,
-        block_size: cleave_engine::kv::DEFAULT_BLOCK_SIZE,
-        dtype: config.kv_dtype,
-    };
+    let layout = model.kv_layout(cleave_engine::kv::DEFAULT_BLOCK_SIZE, config.kv_dtype);
     let region = transport
         .allocate_region(config.kv_blocks * layout.block_bytes())
         .map_err(WorkerError::Region)?;

@@ -13,7 +13,7 @@ use cleave_engine::chat::ChatTemplate;
 use cleave_engine::collective::SingleRank;
 use cleave_engine::gguf::{GgufError, GgufFile};
 use cleave_engine::kernels::Threads;
-use cleave_engine::kv::memory::{KvCache, KvDtype, KvLayout};
+use cleave_engine::kv::memory::{KvCache, KvDtype};
 use cleave_engine::kv::BlockId;
 use cleave_engine::model::{Logits, Model, SeqChunk, Workspace};
 use cleave_engine::tokenizer::Tokenizer;
@@ -95,13 +95,7 @@ fn exercise(bytes: Vec<u8>) -> String {
     // It loaded: one prefill of three tokens must run (shapes were checked at load).
     let vocab = model.config.vocab.max(1) as u32;
     let tokens = [1 % vocab, 2 % vocab, 3 % vocab];
-    let layout = KvLayout {
-        n_layers: model.config.n_layers,
-        n_kv_heads: model.local_kv_heads(),
-        head_dim: model.config.head_dim,
-        block_size: 16,
-        dtype: KvDtype::F32,
-    };
+    let layout = model.kv_layout(16, KvDtype::F32);
     let mut cache = KvCache::on_heap(layout, 1);
     let mut ws = Workspace::new();
     let chunk = SeqChunk {

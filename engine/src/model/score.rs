@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use crate::collective::CollectiveError;
-use crate::kv::memory::{KvCache, KvDtype, KvLayout};
+use crate::kv::memory::{KvCache, KvDtype};
 use crate::kv::BlockId;
 use crate::sample::argmax;
 
@@ -35,13 +35,7 @@ pub fn score(
 ) -> Result<Score, CollectiveError> {
     let bs = crate::kv::DEFAULT_BLOCK_SIZE;
     let n = tokens.len();
-    let layout = KvLayout {
-        n_layers: model.config.n_layers,
-        n_kv_heads: model.local_kv_heads(),
-        head_dim: model.config.head_dim,
-        block_size: bs,
-        dtype,
-    };
+    let layout = model.kv_layout(bs, dtype);
     let nblocks = n.div_ceil(bs).max(1);
     let mut cache = KvCache::on_heap(layout, nblocks);
     let blocks: Vec<BlockId> = (0..nblocks as u32).map(BlockId).collect();

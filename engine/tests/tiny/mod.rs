@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use cleave_engine::collective::{Collective, LocalGroup};
-use cleave_engine::kv::memory::{KvCache, KvDtype, KvLayout};
+use cleave_engine::kv::memory::{KvCache, KvDtype};
 use cleave_engine::kv::BlockId;
 use cleave_engine::model::{Logits, Model, SeqChunk, Workspace};
 pub use cleave_engine::tiny::{Kind, VOCAB};
@@ -25,13 +25,7 @@ pub fn on_ranks<T: Send>(world: usize, f: impl Fn(Arc<dyn Collective>) -> T + Sy
 }
 
 fn cache_for(model: &Model, blocks: usize) -> KvCache {
-    let layout = KvLayout {
-        n_layers: model.config.n_layers,
-        n_kv_heads: model.local_kv_heads(),
-        head_dim: model.config.head_dim,
-        block_size: 16,
-        dtype: KvDtype::F32,
-    };
+    let layout = model.kv_layout(16, KvDtype::F32);
     KvCache::on_heap(layout, blocks)
 }
 
