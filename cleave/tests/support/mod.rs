@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use cleave_engine::engine::{Engine, EngineConfig, GenerateRequest, SeqEvent};
+use cleave_engine::engine::{token_ids, Engine, EngineConfig, GenerateRequest};
 use cleave_engine::gguf::default_model_path;
 use cleave_engine::kernels::Threads;
 use cleave_engine::load::Loaded;
@@ -425,16 +425,8 @@ pub async fn single_process_tokens(
             ignore_eos: true,
             ..Default::default()
         };
-        let (_, mut rx) = e.submit(GenerateRequest::new(p, params)).unwrap();
-        let mut ids = Vec::new();
-        while let Some(ev) = rx.recv().await {
-            match ev {
-                SeqEvent::Token { id, .. } => ids.push(id),
-                SeqEvent::Done { .. } => break,
-                _ => {}
-            }
-        }
-        want.push(ids);
+        let (_, rx) = e.submit(GenerateRequest::new(p, params)).unwrap();
+        want.push(token_ids(rx).await.0);
     }
     (prompts(&l), want)
 }

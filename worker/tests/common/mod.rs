@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use cleave_engine::engine::{Engine, EngineConfig, GenerateRequest, SeqEvent};
+use cleave_engine::engine::{token_ids, Engine, EngineConfig, GenerateRequest};
 use cleave_engine::gguf::default_model_path;
 use cleave_engine::kernels::Threads;
 use cleave_engine::load::Loaded;
@@ -48,18 +48,10 @@ pub async fn reference(prompt: &[u32], n: usize) -> Vec<u32> {
         ignore_eos: true,
         ..Default::default()
     };
-    let (_, mut rx) = e
+    let (_, rx) = e
         .submit(GenerateRequest::new(prompt.to_vec(), params))
         .unwrap();
-    let mut ids = Vec::new();
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            SeqEvent::Token { id, .. } => ids.push(id),
-            SeqEvent::Done { .. } => break,
-            _ => {}
-        }
-    }
-    ids
+    token_ids(rx).await.0
 }
 
 pub async fn generate(
