@@ -159,21 +159,8 @@ impl NetGroup {
     /// all-gather of the finished segments ([`AllReduceOrder::Ring`]: the order of additions
     /// depends on the element's segment, so results are not batch invariant).
     fn all_reduce_ring(&self, c: &Call, buf: &mut [f32]) -> Result<(), CollectiveError> {
-        let (w, r, n) = (self.world, self.rank, buf.len());
-        for step in 0..w - 1 {
-            let send = segment(n, w, (r + w - step) % w);
-            let recv = segment(n, w, (r + 2 * w - step - 1) % w);
-            let (s, d) = split(buf, send, recv);
-            c.exchange(
-                vec![Outgoing {
-                    peer: self.next(),
-                    data: bytes(s),
-                }],
-                vec![Recv {
-                    peer: self.prev(),
-                    into: Sink::Add(d),
-                }],
-            )?;
+        for step in 0..self.world - 1 {
+            self.ring_step(c, buf, step, 0, true)?;
         }
         self.ring_gather(c, buf, 1)
     }
@@ -181,23 +168,42 @@ impl NetGroup {
     /// Ring all-gather over `w` segments of `buf`: this rank starts with segment
     /// `rank + offset` complete and ends with all of them.
     fn ring_gather(&self, c: &Call, buf: &mut [f32], offset: usize) -> Result<(), CollectiveError> {
-        let (w, r, n) = (self.world, self.rank, buf.len());
-        for step in 0..w - 1 {
-            let send = segment(n, w, (r + offset + w - step) % w);
-            let recv = segment(n, w, (r + offset + 2 * w - step - 1) % w);
-            let (s, d) = split(buf, send, recv);
-            c.exchange(
-                vec![Outgoing {
-                    peer: self.next(),
-                    data: bytes(s),
-                }],
-                vec![Recv {
-                    peer: self.prev(),
-                    into: Sink::Exact(bytes_mut(d)),
-                }],
-            )?;
+        for step in 0..self.world - 1 {
+            self.ring_step(c, buf, step, offset, false)?;
         }
         Ok(())
+    }
+
+    /// Step `step` of a ring pass over `w` segments of `buf`: segment `rank + offset − step`
+    /// goes to the next rank while segment `rank + offset − step − 1` comes from the previous
+    /// one, added to this rank's (`add`, the reduce-scatter half) or replacing it.
+    fn ring_step(
+        &self,
+        c: &Call,
+        buf: &mut [f32],
+        step: usize,
+        offset: usize,
+        add: bool,
+    ) -> Result<(), CollectiveError> {
+        let (w, r, n) = (self.world, self.rank, buf.len());
+        let send = segment(n, w, (r + offset + w - step) % w);
+        let recv = segment(n, w, (r + offset + 2 * w - step - 1) % w);
+        let (s, d) = split(buf, send, recv);
+        let into = if add {
+            Sink::Add(d)
+        } else {
+            Sink::Exact(bytes_mut(d))
+        };
+        c.exchange(
+            vec![Outgoing {
+                peer: self.next(),
+                data: bytes(s),
+            }],
+            vec![Recv {
+                peer: self.prev(),
+                into,
+            }],
+        )
     }
 
     pub(crate) fn all_gather_impl(
