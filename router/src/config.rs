@@ -50,14 +50,8 @@ mod tests {
         let parse = |args: &[&str]| {
             RouterConfig::from_flags([&["--model", "m.gguf"], args].concat()).expect("flags parse")
         };
-        let pool = parse(&[
-            "--kv-events",
-            "vllm",
-            "--kv-events-pod",
-            "http://10.0.0.1:8000",
-            "--kv-events-replay-port",
-            "5558",
-        ]);
+        let pod = "--kv-events-pod=http://10.0.0.1:8000";
+        let pool = parse(&["--kv-events=vllm", pod, "--kv-events-replay-port=5558"]);
         assert_eq!(validate(&pool), Ok(()));
         let pods = engine_pods(&pool).unwrap();
         assert_eq!(pods[0].events.events, "tcp://10.0.0.1:5557");
