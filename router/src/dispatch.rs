@@ -136,6 +136,13 @@ impl Cluster {
         cleave_telemetry::finish_tasks(&self.tasks, patience).await;
     }
 
+    /// Whether every placement's load charge has been given back (no worker carries any).
+    pub fn no_load_charged(&self) -> bool {
+        let view = self.view.lock().expect("view");
+        let settled = view.iter().all(|w| w.inflight == Default::default());
+        settled
+    }
+
     /// In-flight placements whose blocks count in lookups (0 without the overlay).
     pub fn in_flight_len(&self) -> usize {
         self.in_flight

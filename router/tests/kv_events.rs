@@ -426,12 +426,7 @@ async fn prefix_load_places_requests_on_the_pod_holding_the_prefix() {
         );
     }
     // The router's charges were all given back.
-    assert!(cluster
-        .view
-        .lock()
-        .unwrap()
-        .iter()
-        .all(|w| w.inflight == Default::default()));
+    assert!(cluster.no_load_charged());
     shutdown.cancel();
 }
 
