@@ -152,17 +152,8 @@ async fn operator_reconciles_examples_against_a_real_apiserver() {
 
     // Changing replicas and the model rolls the objects.
     let hash = |d: &Deployment| {
-        d.spec
-            .as_ref()
-            .unwrap()
-            .template
-            .metadata
-            .as_ref()
-            .unwrap()
-            .annotations
-            .as_ref()
-            .unwrap()["serving.cleave.dev/config-hash"]
-            .clone()
+        let hash = cleave_operator::render::pods::config_hash(d);
+        hash.expect("the pods carry the config hash").to_string()
     };
     let before = hash(&deps.get("smollm2-decode").await.unwrap());
     let change = json!({"spec": {"decode": {"replicas": 3},

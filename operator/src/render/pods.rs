@@ -29,6 +29,15 @@ pub const INTERNAL_TLS_DIR: &str = "/etc/cleave/internal-tls";
 /// Annotation carrying the hash of the pod's ConfigMap, so config changes roll pods.
 pub const CONFIG_HASH: &str = "serving.cleave.dev/config-hash";
 
+/// The [`CONFIG_HASH`] a Deployment's pod template carries, if any.
+pub fn config_hash(d: &k8s_openapi::api::apps::v1::Deployment) -> Option<&str> {
+    let meta = d.spec.as_ref()?.template.metadata.as_ref()?;
+    meta.annotations
+        .as_ref()?
+        .get(CONFIG_HASH)
+        .map(String::as_str)
+}
+
 fn port(name: &str, n: i32) -> ContainerPort {
     ContainerPort {
         name: Some(name.into()),

@@ -241,18 +241,8 @@ fn internal_tls_mounts_the_secret_in_every_pod_and_sets_the_flags() {
 fn model_changes_roll_pods_through_the_config_hash() {
     let hash = |s: InferenceServiceSpec| {
         let d = desired(&isvc(s), &inputs()).unwrap();
-        deployment(&d, "chat-decode")
-            .spec
-            .as_ref()
-            .unwrap()
-            .template
-            .metadata
-            .as_ref()
-            .unwrap()
-            .annotations
-            .as_ref()
-            .unwrap()[pods::CONFIG_HASH]
-            .clone()
+        let hash = pods::config_hash(deployment(&d, "chat-decode"));
+        hash.expect("decode pods carry the config hash").to_string()
     };
     let a = hash(spec());
     let mut other = spec();
