@@ -38,15 +38,33 @@ pub(super) fn tile<const R: usize, const T: usize>(
     }
 }
 
-/// The rows `r0..r0 + R`, each checked to hold `cols / 256` super-blocks.
-#[inline(always)]
-pub(super) fn raw_rows<const R: usize>(m: &QMatrix, r0: usize) -> [&[u8]; R] {
-    let mut rows = [&[][..]; R];
-    for (r, row) in rows.iter_mut().enumerate() {
-        *row = m.raw_row(r0 + r);
-        assert_eq!(row.len(), m.cols / QK_K * m.ty.block_bytes());
+/// The rows `r0..r0 + R` of a K-quant tile, each checked to hold `cols / 256` super-blocks,
+/// and the prefetcher of their weight stream.
+pub(super) struct SuperRows<'a, const R: usize> {
+    rows: [&'a [u8]; R],
+    /// Bytes per super-block.
+    bb: usize,
+    pub(super) pf: Prefetch,
+}
+
+impl<'a, const R: usize> SuperRows<'a, R> {
+    #[inline(always)]
+    pub(super) fn new(m: &'a QMatrix, r0: usize) -> Self {
+        let bb = m.ty.block_bytes();
+        let mut rows = [&[][..]; R];
+        for (r, row) in rows.iter_mut().enumerate() {
+            *row = m.raw_row(r0 + r);
+            assert_eq!(row.len(), m.cols / QK_K * bb);
+        }
+        let pf = Prefetch::new::<R>(m, r0, rows[0].as_ptr());
+        SuperRows { rows, bb, pf }
     }
-    rows
+
+    /// Super-block `s` of row `r` of the tile.
+    #[inline(always)]
+    pub(super) fn block(&self, r: usize, s: usize) -> &'a [u8] {
+        &self.rows[r][s * self.bb..(s + 1) * self.bb]
+    }
 }
 
 pub(super) fn f16_le(b: &[u8], at: usize) -> f32 {
@@ -173,16 +191,14 @@ fn tile_k45<const R: usize, const T: usize, const Q5: bool>(
     tok: &Tokens<'_, T>,
     out: OutPtr,
 ) {
-    let rows = raw_rows::<R>(m, r0);
-    let bb = m.ty.block_bytes();
-    let pf = Prefetch::new::<R>(m, r0, rows[0].as_ptr());
+    let rows = SuperRows::<R>::new(m, r0);
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     let mut dd = [[[0f32; 8]; T]; R];
     for s in 0..m.cols / QK_K {
         let b0 = 8 * s;
         let mut sc = [[0u8; 8]; R];
         for r in 0..R {
-            let (d, scs, mneg) = k45_head(&rows[r][s * bb..(s + 1) * bb]);
+            let (d, scs, mneg) = k45_head(rows.block(r, s));
             sc[r] = scs;
             for t in 0..T {
                 acc[r][t] = _mm256_fmadd_ps(mneg, tok.s8(t, b0), acc[r][t]);
@@ -193,14 +209,14 @@ fn tile_k45<const R: usize, const T: usize, const Q5: bool>(
         std::hint::black_box(&mut dd);
         for g in 0..4 {
             let (j0, j1) = (2 * g, 2 * g + 1);
-            pf.block(b0 + j0);
-            pf.block(b0 + j1);
+            rows.pf.block(b0 + j0);
+            rows.pf.block(b0 + j1);
             let mut lo = [_mm256_setzero_si256(); R];
             let mut hi = [_mm256_setzero_si256(); R];
             let mut s0 = [_mm256_setzero_si256(); R];
             let mut s1 = [_mm256_setzero_si256(); R];
             for r in 0..R {
-                (lo[r], hi[r]) = k45_quants::<Q5>(&rows[r][s * bb..(s + 1) * bb], g);
+                (lo[r], hi[r]) = k45_quants::<Q5>(rows.block(r, s), g);
                 s0[r] = _mm256_set1_epi16(sc[r][j0].into());
                 s1[r] = _mm256_set1_epi16(sc[r][j1].into());
             }
@@ -229,16 +245,14 @@ fn tile_k6<const R: usize, const T: usize>(
     tok: &Tokens<'_, T>,
     out: OutPtr,
 ) {
-    let rows = raw_rows::<R>(m, r0);
-    let bb = m.ty.block_bytes();
-    let pf = Prefetch::new::<R>(m, r0, rows[0].as_ptr());
+    let rows = SuperRows::<R>::new(m, r0);
     let m32 = _mm256_set1_epi8(32);
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     let mut dd = [[[0f32; 8]; T]; R];
     for s in 0..m.cols / QK_K {
         let b0 = 8 * s;
         for r in 0..R {
-            let blk = &rows[r][s * bb..(s + 1) * bb];
+            let blk = rows.block(r, s);
             block_scales::<T>(f16_le(blk, K6_D), tok, b0, &mut dd[r]);
         }
         // Keep the scales in memory so that they are broadcast by loads.
@@ -248,7 +262,7 @@ fn tile_k6<const R: usize, const T: usize>(
             let mut w = [[(_mm256_setzero_si256(), _mm256_setzero_si256()); 4]; R];
             let mut scv = [[_mm256_setzero_si256(); 4]; R];
             for r in 0..R {
-                let blk = &rows[r][s * bb..(s + 1) * bb];
+                let blk = rows.block(r, s);
                 for g in 0..4 {
                     let j = 4 * n + g;
                     let v = _mm256_sub_epi8(k6_quants(blk, j), m32);
@@ -259,7 +273,7 @@ fn tile_k6<const R: usize, const T: usize>(
             }
             for g in 0..4 {
                 let j = 4 * n + g;
-                pf.block(b0 + j);
+                rows.pf.block(b0 + j);
                 for t in 0..T {
                     let x = tok.xq32(t, b0 + j);
                     for r in 0..R {
@@ -294,10 +308,8 @@ fn tile_k23<const R: usize, const T: usize, const Q3: bool>(
     tok: &Tokens<'_, T>,
     out: OutPtr,
 ) {
-    let rows = raw_rows::<R>(m, r0);
-    let bb = m.ty.block_bytes();
+    let rows = SuperRows::<R>::new(m, r0);
     let qs_at = if Q3 { K3_QS } else { K2_QS };
-    let pf = Prefetch::new::<R>(m, r0, rows[0].as_ptr());
     let (three, four) = (_mm256_set1_epi8(3), _mm256_set1_epi8(4));
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     // `d · dx` and (Q2_K) `−dmin · dx` per row, token and block.
@@ -309,7 +321,7 @@ fn tile_k23<const R: usize, const T: usize, const Q3: bool>(
         let mut sc = [[0i16; 16]; R];
         let mut mn = [[0u8; 16]; R];
         for r in 0..R {
-            let blk = &rows[r][s * bb..(s + 1) * bb];
+            let blk = rows.block(r, s);
             if Q3 {
                 let k3 = scales_k3(&blk[K3_SC..K3_SC + 12]);
                 for (o, &v) in sc[r].iter_mut().zip(&k3) {
@@ -332,7 +344,7 @@ fn tile_k23<const R: usize, const T: usize, const Q3: bool>(
             let mut qv = [_mm256_setzero_si256(); R];
             let mut hm = [_mm256_setzero_si256(); R];
             for r in 0..R {
-                let p = rows[r][s * bb..(s + 1) * bb].as_ptr();
+                let p = rows.block(r, s).as_ptr();
                 // SAFETY: `qs_at + 64 <= bb` and `32 <= bb`: inside the super-block.
                 qv[r] = unsafe { load32(p.add(qs_at + 32 * n)) };
                 if Q3 {
@@ -342,7 +354,7 @@ fn tile_k23<const R: usize, const T: usize, const Q3: bool>(
             }
             for g in 0..4 {
                 let j = 4 * n + g;
-                pf.block(b0 + j);
+                rows.pf.block(b0 + j);
                 let mut w = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
                 let mut scv = [_mm256_setzero_si256(); R];
                 let mut mv = [_mm256_setzero_si256(); R];

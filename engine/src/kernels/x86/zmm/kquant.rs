@@ -11,8 +11,7 @@ use std::arch::x86_64::*;
 
 use super::super::super::kquant::K6_D;
 use super::super::super::{OutPtr, QMatrix, WeightType, QK_K};
-use super::super::kquant::{f16_le, k45_head, k45_quants, k6_quants, k6_scales, raw_rows};
-use super::super::Prefetch;
+use super::super::kquant::{f16_le, k45_head, k45_quants, k6_quants, k6_scales, SuperRows};
 use super::{chunk_scales, dup_epi32, dup_ps, finish_tile, pair_scale, PairView};
 
 /// Rows `r0..r0 + R` × the `T = 2·TP` tokens of `x` of a Q4_K / Q5_K / Q6_K matrix.
@@ -41,16 +40,14 @@ fn tile_k45<const R: usize, const T: usize, const TP: usize, const Q5: bool>(
     x: &PairView<'_, TP>,
     out: OutPtr,
 ) {
-    let rows = raw_rows::<R>(m, r0);
-    let bb = m.ty.block_bytes();
-    let pf = Prefetch::new::<R>(m, r0, rows[0].as_ptr());
+    let rows = SuperRows::<R>::new(m, r0);
     let mut acc = [[_mm512_setzero_ps(); TP]; R];
     let mut dd = [[[0f32; 16]; TP]; R];
     for s in 0..m.cols / QK_K {
         let b0 = 8 * s;
         let mut sc = [[0u8; 8]; R];
         for r in 0..R {
-            let (d, scs, mneg) = k45_head(&rows[r][s * bb..(s + 1) * bb]);
+            let (d, scs, mneg) = k45_head(rows.block(r, s));
             sc[r] = scs;
             let mneg = dup_ps(mneg);
             for p in 0..TP {
@@ -62,8 +59,8 @@ fn tile_k45<const R: usize, const T: usize, const TP: usize, const Q5: bool>(
         std::hint::black_box(&mut dd);
         for g in 0..4 {
             let (j0, j1) = (2 * g, 2 * g + 1);
-            pf.block(b0 + j0);
-            pf.block(b0 + j1);
+            rows.pf.block(b0 + j0);
+            rows.pf.block(b0 + j1);
             let mut lo = [_mm512_setzero_si512(); R];
             let mut hi = [_mm512_setzero_si512(); R];
             let mut s0 = [_mm512_setzero_si512(); R];
@@ -71,7 +68,7 @@ fn tile_k45<const R: usize, const T: usize, const TP: usize, const Q5: bool>(
             for r in 0..R {
                 s0[r] = _mm512_set1_epi16(sc[r][j0].into());
                 s1[r] = _mm512_set1_epi16(sc[r][j1].into());
-                let (l, h) = k45_quants::<Q5>(&rows[r][s * bb..(s + 1) * bb], g);
+                let (l, h) = k45_quants::<Q5>(rows.block(r, s), g);
                 lo[r] = dup_epi32(l);
                 hi[r] = dup_epi32(h);
             }
@@ -100,26 +97,24 @@ fn tile_k6<const R: usize, const T: usize, const TP: usize>(
     x: &PairView<'_, TP>,
     out: OutPtr,
 ) {
-    let rows = raw_rows::<R>(m, r0);
-    let bb = m.ty.block_bytes();
-    let pf = Prefetch::new::<R>(m, r0, rows[0].as_ptr());
+    let rows = SuperRows::<R>::new(m, r0);
     let m32 = _mm512_set1_epi8(32);
     let mut acc = [[_mm512_setzero_ps(); TP]; R];
     let mut dd = [[[0f32; 16]; TP]; R];
     for s in 0..m.cols / QK_K {
         let b0 = 8 * s;
         for r in 0..R {
-            let blk = &rows[r][s * bb..(s + 1) * bb];
+            let blk = rows.block(r, s);
             chunk_scales::<TP>(_mm512_set1_ps(f16_le(blk, K6_D)), x, b0, &mut dd[r]);
         }
         // Keep the scales in memory so that they are broadcast by loads.
         std::hint::black_box(&mut dd);
         for j in 0..8 {
-            pf.block(b0 + j);
+            rows.pf.block(b0 + j);
             let mut w = [_mm512_setzero_si512(); R];
             let mut scv = [_mm512_setzero_si512(); R];
             for r in 0..R {
-                let blk = &rows[r][s * bb..(s + 1) * bb];
+                let blk = rows.block(r, s);
                 w[r] = dup_epi32(k6_quants(blk, j));
                 let (sa, sb) = k6_scales(blk, j);
                 scv[r] = _mm512_inserti64x4::<1>(
