@@ -80,8 +80,8 @@ pub enum Direction {
 
 /// Moves KV bytes between this process's regions and its peers'. One per process.
 ///
-/// Implementations are `Send + Sync`; calls may come from any task. `write`/`read` must be
-/// called inside a tokio runtime.
+/// Implementations are `Send + Sync`; calls may come from any task. `transfer` (and so
+/// `write`/`read`) must be called inside a tokio runtime.
 #[async_trait::async_trait]
 pub trait Transport: Send + Sync + std::fmt::Debug {
     /// The backend moving bytes for peers that support it.

@@ -197,17 +197,21 @@ const NIBBLES: u8 = 0;
 const BYTES: u8 = 1;
 const TABLE: u8 = 2;
 
-/// The weights of the offset term of blocks `b0..b0 + 8` of a Q4/Q5 row whose block scales
-/// are `d`: Q4_1 / Q5_1 store them (`load` reads them from the `m` bytes); Q4_0 / Q5_0 have
-/// `d · −8` / `d · −16` (their quants are stored plus 8 / 16).
+/// The weights of the offset term of blocks `b0..b0 + 8` of a Q4/Q5 row: Q4_1 / Q5_1 store
+/// them (`load` reads them from the `m` bytes); Q4_0 / Q5_0 have `d · −8` / `d · −16` (their
+/// quants are stored plus 8 / 16), with the block scales `d` computed only then.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn offset_weights(row: &PackedRow<'_>, d: __m256, load: impl FnOnce(&[u8]) -> __m256) -> __m256 {
+fn offset_weights(
+    row: &PackedRow<'_>,
+    d: impl FnOnce() -> __m256,
+    load: impl FnOnce(&[u8]) -> __m256,
+) -> __m256 {
     match row.m {
         Some(mb) => load(mb),
         None => {
             let zero = if row.qh.is_some() { -16.0 } else { -8.0 };
-            _mm256_mul_ps(d, _mm256_set1_ps(zero))
+            _mm256_mul_ps(d(), _mm256_set1_ps(zero))
         }
     }
 }
@@ -261,8 +265,11 @@ macro_rules! backend {
                     if F == NIBBLES {
                         // The offset term, lane k for block b0 + k.
                         for r in 0..R {
-                            let d = load_f16x8(rows[r].d, b0, nb);
-                            let mw = offset_weights(&rows[r], d, |mb| load_f16x8(mb, b0, nb));
+                            let mw = offset_weights(
+                                &rows[r],
+                                || load_f16x8(rows[r].d, b0, nb),
+                                |mb| load_f16x8(mb, b0, nb),
+                            );
                             for t in 0..T {
                                 acc[r][t] = _mm256_fmadd_ps(mw, tok.s8(t, b0), acc[r][t]);
                             }

@@ -216,7 +216,7 @@ fn tile_q<const R: usize, const T: usize, const TP: usize, const Q8: bool>(
         for r in 0..R {
             let d = load_f16x8_masked(rows[r].d, b0, nb);
             if !Q8 {
-                let mw = offset_weights(&rows[r], d, |mb| load_f16x8_masked(mb, b0, nb));
+                let mw = offset_weights(&rows[r], || d, |mb| load_f16x8_masked(mb, b0, nb));
                 let mw = dup_ps(mw);
                 #[allow(clippy::needless_range_loop)]
                 for p in 0..TP {
