@@ -156,7 +156,9 @@ impl Attend<'_> {
         mut f: impl FnMut(Group<'_>, &mut AttnScratch),
     ) {
         let layout: KvLayout = *self.cache.layout();
-        let gw = self.n_heads / layout.n_kv_heads * layout.head_dim;
+        // Query heads per kv head, and the width of their rows.
+        let group = self.n_heads / layout.n_kv_heads;
+        let gw = group * layout.head_dim;
         let pool_len = self.cache.elems::<T>().len();
         let qw = self.n_heads * layout.head_dim;
         for (t, s) in self.slots.iter().enumerate() {
@@ -174,15 +176,13 @@ impl Attend<'_> {
                     &mut scratch.rows,
                 );
                 scratch.scores.clear();
-                scratch
-                    .scores
-                    .resize(gw / layout.head_dim * (end - lo), 0.0);
-                let group = Group {
+                scratch.scores.resize(group * (end - lo), 0.0);
+                let heads = Group {
                     n: end - lo,
                     q: &q_t[g * gw..(g + 1) * gw],
                     out: &mut out_t[g * gw..(g + 1) * gw],
                 };
-                f(group, scratch);
+                f(heads, scratch);
             }
         }
     }
