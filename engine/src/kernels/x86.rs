@@ -16,6 +16,7 @@ use super::{Activations, OutPtr, PackedRow, QMatrix, QK};
 
 mod kquant;
 pub(super) mod quant;
+mod width;
 pub(super) mod zmm;
 
 /// The AVX2 integer dot: `maddubs` (u8 × i8 → pairs of i16; at most 2·255·127 never happens

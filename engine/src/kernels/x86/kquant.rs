@@ -1,16 +1,19 @@
-//! AVX2 tiles for the K-quants (Q2_K … Q6_K), bit-identical to `kquant::dot`.
+//! K-quant tiles (Q2_K … Q6_K), bit-identical to `kquant::dot`, and the block decoders the
+//! 256-bit and 512-bit tiles share.
 //!
 //! Per super-block and row the scales are decoded once (scalar: 12 bytes of 6-bit fields, or 16
 //! `i8`s) and the products `d · dx` of all eight activation blocks are formed with one vector
 //! multiply per token; the quants are unpacked 32 bytes at a time (a Q4_K/Q5_K load yields two
 //! sub-blocks: low and high nibbles; Q6_K combines `ql` nibbles with 2-bit `qh` fields). The
 //! integer step is `madd(maddubs(q, x), sc)`: the sub-block scale takes the place of the ones
-//! vector of the 32-element formats, so scaling costs nothing. Q6_K's `q − 32` is signed and
-//! uses the sign trick (`|w| × sign(x, w)`). Sums never saturate: a `maddubs` pair is at most
-//! `2·32·127` (Q6_K) or `2·31·127` (Q5_K), and a lane at most `2^21`.
+//! vector of the 32-element formats, so scaling costs nothing. Q6_K's `q − 32` is
+//! `maddubs(q, x) − maddubs(32, x)`; Q3_K's signed quants use the sign trick (`|w| × sign(x,
+//! w)`). Sums never saturate: a `maddubs` pair is at most `2·63·127` (Q6_K) or `2·31·127`
+//! (Q5_K), and a lane at most `2^21`.
 //!
-//! Both x86 backends use these tiles (VNNI has no token-pair K-quant tile: `Isa::pairs` is
-//! false for K-quants).
+//! The Q4_K/Q5_K and Q6_K loops are written once over the register width ([`Width`]): the
+//! 256-bit tiles of both x86 backends use them with [`Ymm`], the 512-bit token-pair tiles of the
+//! VNNI backend (`zmm/kquant.rs`) with `Zmm`. Q2_K and Q3_K have 256-bit tiles only.
 
 use std::arch::x86_64::*;
 
@@ -18,6 +21,7 @@ use super::super::kquant::{
     scales_k3, scales_k4, K2_D, K2_QS, K3_D, K3_QS, K3_SC, K4_QS, K5_QH, K5_QS, K6_D, K6_QH, K6_SC,
 };
 use super::super::{OutPtr, QMatrix, WeightType, QK_K};
+use super::width::{Width, Ymm};
 use super::{finish, Prefetch, Tokens};
 
 /// Rows `r0..r0 + R` × the tokens of `tok` of a K-quant matrix.
@@ -28,12 +32,14 @@ pub(super) fn tile<const R: usize, const T: usize>(
     tok: &Tokens<'_, T>,
     out: OutPtr,
 ) {
+    // SAFETY: this function's features are those `Ymm` requires.
+    let ymm = unsafe { Ymm::new() };
     match m.ty {
         WeightType::Q2_K => tile_k23::<R, T, false>(m, r0, tok, out),
         WeightType::Q3_K => tile_k23::<R, T, true>(m, r0, tok, out),
-        WeightType::Q4_K => tile_k45::<R, T, false>(m, r0, tok, out),
-        WeightType::Q5_K => tile_k45::<R, T, true>(m, r0, tok, out),
-        WeightType::Q6_K => tile_k6::<R, T>(m, r0, tok, out),
+        WeightType::Q4_K => tile_k45::<_, R, T, T, false>(ymm, m, r0, tok, out),
+        WeightType::Q5_K => tile_k45::<_, R, T, T, true>(ymm, m, r0, tok, out),
+        WeightType::Q6_K => tile_k6::<_, R, T, T>(ymm, m, r0, tok, out),
         other => unreachable!("{other:?} is not a K-quant"),
     }
 }
@@ -85,7 +91,12 @@ pub(super) unsafe fn load32(p: *const u8) -> __m256i {
 /// Stores `d · dx` of blocks `b0..b0 + 8` for every token of the tile.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn block_scales<const T: usize>(d: f32, tok: &Tokens<'_, T>, b0: usize, dd: &mut [[f32; 8]; T]) {
+pub(super) fn block_scales<const T: usize>(
+    d: f32,
+    tok: &Tokens<'_, T>,
+    b0: usize,
+    dd: &mut [[f32; 8]; T],
+) {
     let dv = _mm256_set1_ps(d);
     for (t, dd) in dd.iter_mut().enumerate() {
         // SAFETY: room for 8 f32s; unaligned store.
@@ -182,28 +193,30 @@ pub(super) fn k6_scales(blk: &[u8], j: usize) -> (i8, i8) {
     (blk[K6_SC + 2 * j] as i8, blk[K6_SC + 2 * j + 1] as i8)
 }
 
-/// Q4_K (`Q5 = false`) or Q5_K tile.
+/// Q4_K (`Q5 = false`) or Q5_K tile of rows `r0..r0 + R` × the `T` tokens of `x` (`N`
+/// registers per row) at width `W`.
 #[allow(clippy::needless_range_loop)]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn tile_k45<const R: usize, const T: usize, const Q5: bool>(
+#[inline(always)]
+pub(super) fn tile_k45<W: Width, const R: usize, const T: usize, const N: usize, const Q5: bool>(
+    w: W,
     m: &QMatrix,
     r0: usize,
-    tok: &Tokens<'_, T>,
+    x: &W::View<'_, N>,
     out: OutPtr,
 ) {
     let rows = SuperRows::<R>::new(m, r0);
-    let mut acc = [[_mm256_setzero_ps(); T]; R];
-    let mut dd = [[[0f32; 8]; T]; R];
+    let mut acc = [[w.zero(); N]; R];
+    let mut dd = [[W::NO_SCALES; N]; R];
     for s in 0..m.cols / QK_K {
         let b0 = 8 * s;
         let mut sc = [[0u8; 8]; R];
         for r in 0..R {
-            let (d, scs, mneg) = k45_head(rows.block(r, s));
+            let (d, scs, mneg) = w.head45(rows.block(r, s));
             sc[r] = scs;
-            for t in 0..T {
-                acc[r][t] = _mm256_fmadd_ps(mneg, tok.s8(t, b0), acc[r][t]);
+            for n in 0..N {
+                acc[r][n] = w.fma(mneg, w.xs(x, n, b0), acc[r][n]);
             }
-            block_scales::<T>(d, tok, b0, &mut dd[r]);
+            w.scales(d, x, b0, &mut dd[r]);
         }
         // Keep the scales in memory so that they are broadcast by loads.
         std::hint::black_box(&mut dd);
@@ -211,90 +224,78 @@ fn tile_k45<const R: usize, const T: usize, const Q5: bool>(
             let (j0, j1) = (2 * g, 2 * g + 1);
             rows.pf.block(b0 + j0);
             rows.pf.block(b0 + j1);
-            let mut lo = [_mm256_setzero_si256(); R];
-            let mut hi = [_mm256_setzero_si256(); R];
-            let mut s0 = [_mm256_setzero_si256(); R];
-            let mut s1 = [_mm256_setzero_si256(); R];
+            let mut q = [(w.set16(0), w.set16(0)); R];
+            let mut s0 = [w.set16(0); R];
+            let mut s1 = [w.set16(0); R];
             for r in 0..R {
-                (lo[r], hi[r]) = k45_quants::<Q5>(rows.block(r, s), g);
-                s0[r] = _mm256_set1_epi16(sc[r][j0].into());
-                s1[r] = _mm256_set1_epi16(sc[r][j1].into());
+                q[r] = w.quants45::<Q5>(rows.block(r, s), g);
+                s0[r] = w.set16(sc[r][j0].into());
+                s1[r] = w.set16(sc[r][j1].into());
             }
-            for t in 0..T {
-                let (x0, x1) = (tok.xq32(t, b0 + j0), tok.xq32(t, b0 + j1));
+            for n in 0..N {
+                let (x0, x1) = (w.xq(x, n, b0 + j0), w.xq(x, n, b0 + j1));
                 for r in 0..R {
-                    let l0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo[r], x0), s0[r]);
-                    let f0 = _mm256_broadcast_ss(&dd[r][t][j0]);
-                    acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l0), f0, acc[r][t]);
-                    let l1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi[r], x1), s1[r]);
-                    let f1 = _mm256_broadcast_ss(&dd[r][t][j1]);
-                    acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(l1), f1, acc[r][t]);
+                    let l0 = w.dot(q[r].0, x0, s0[r]);
+                    acc[r][n] = w.fma(l0, w.scale(&dd[r][n], j0), acc[r][n]);
+                    let l1 = w.dot(q[r].1, x1, s1[r]);
+                    acc[r][n] = w.fma(l1, w.scale(&dd[r][n], j1), acc[r][n]);
                 }
             }
         }
     }
-    finish(&acc, m.rows, r0, tok.t0, out);
+    w.finish::<R, T, N>(&acc, m.rows, r0, x, out);
 }
 
-/// Q6_K tile.
+/// Q6_K tile of rows `r0..r0 + R` × the `T` tokens of `x` (`N` registers per row) at width
+/// `W`. The signed `q − 32` is `maddubs(q, x) − maddubs(32, x)`, the second term computed once
+/// per register and block for all rows.
 #[allow(clippy::needless_range_loop)]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn tile_k6<const R: usize, const T: usize>(
+#[inline(always)]
+pub(super) fn tile_k6<W: Width, const R: usize, const T: usize, const N: usize>(
+    w: W,
     m: &QMatrix,
     r0: usize,
-    tok: &Tokens<'_, T>,
+    x: &W::View<'_, N>,
     out: OutPtr,
 ) {
     let rows = SuperRows::<R>::new(m, r0);
-    let m32 = _mm256_set1_epi8(32);
-    let mut acc = [[_mm256_setzero_ps(); T]; R];
-    let mut dd = [[[0f32; 8]; T]; R];
+    let mut acc = [[w.zero(); N]; R];
+    let mut dd = [[W::NO_SCALES; N]; R];
     for s in 0..m.cols / QK_K {
         let b0 = 8 * s;
         for r in 0..R {
-            let blk = rows.block(r, s);
-            block_scales::<T>(f16_le(blk, K6_D), tok, b0, &mut dd[r]);
+            w.scales(f16_le(rows.block(r, s), K6_D), x, b0, &mut dd[r]);
         }
         // Keep the scales in memory so that they are broadcast by loads.
         std::hint::black_box(&mut dd);
-        for n in 0..2 {
-            // The four 32-element blocks of this half, per row: (|w|, w) and the i16 scales.
-            let mut w = [[(_mm256_setzero_si256(), _mm256_setzero_si256()); 4]; R];
-            let mut scv = [[_mm256_setzero_si256(); 4]; R];
+        for j in 0..8 {
+            rows.pf.block(b0 + j);
+            let mut q = [w.set16(0); R];
+            let mut scv = [w.set16(0); R];
             for r in 0..R {
                 let blk = rows.block(r, s);
-                for g in 0..4 {
-                    let j = 4 * n + g;
-                    let v = _mm256_sub_epi8(k6_quants(blk, j), m32);
-                    w[r][g] = (_mm256_abs_epi8(v), v);
-                    let (sa, sb) = k6_scales(blk, j);
-                    scv[r][g] = pair_scales(sa.into(), sb.into());
-                }
+                q[r] = w.quants6(blk, j);
+                let (sa, sb) = k6_scales(blk, j);
+                scv[r] = w.half_scales(sa.into(), sb.into());
             }
-            for g in 0..4 {
-                let j = 4 * n + g;
-                rows.pf.block(b0 + j);
-                for t in 0..T {
-                    let x = tok.xq32(t, b0 + j);
-                    for r in 0..R {
-                        let (aw, sw) = w[r][g];
-                        let p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, sw));
-                        let l = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, scv[r][g]));
-                        let f = _mm256_broadcast_ss(&dd[r][t][j]);
-                        acc[r][t] = _mm256_fmadd_ps(l, f, acc[r][t]);
-                    }
+            for n in 0..N {
+                let xv = w.xq(x, n, b0 + j);
+                let x32 = w.times32(xv);
+                for r in 0..R {
+                    let l = w.dot_minus32(q[r], xv, x32, scv[r]);
+                    acc[r][n] = w.fma(l, w.scale(&dd[r][n], j), acc[r][n]);
                 }
             }
         }
     }
-    finish(&acc, m.rows, r0, tok.t0, out);
+    w.finish::<R, T, N>(&acc, m.rows, r0, x, out);
 }
 
 /// The i16 scale vector of a 32-element block made of two 16-element sub-blocks: `a` for the
 /// first eight `maddubs` pairs, `b` for the last eight.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn pair_scales(a: i16, b: i16) -> __m256i {
+pub(super) fn pair_scales(a: i16, b: i16) -> __m256i {
     _mm256_set_m128i(_mm_set1_epi16(b), _mm_set1_epi16(a))
 }
 

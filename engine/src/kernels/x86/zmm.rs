@@ -110,7 +110,7 @@ fn pair_scale(sc: &[f32; 16], j: usize) -> __m512 {
 
 /// Validated views of the interleaved token pairs `t0 / 2 .. t0 / 2 + TP` (see
 /// [`Activations`]'s `pairs`), shared by all row tiles.
-struct PairView<'a, const TP: usize> {
+pub(super) struct PairView<'a, const TP: usize> {
     t0: usize,
     /// Per pair, `64 · nb` bytes: the signed activations and the same `+ 128` (for Q8_0).
     q: [*const u8; TP],
