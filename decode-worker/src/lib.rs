@@ -46,7 +46,7 @@ type EventStream = Pin<Box<dyn Stream<Item = Result<pb::GenerateEvent, Status>> 
 #[tonic::async_trait]
 impl DecodeWorker for Decode {
     type GenerateStream = EventStream;
-    type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<pb::WorkerUpdate, Status>>;
+    type WatchStream = cleave_worker::watch::Stream;
 
     async fn generate(
         &self,
@@ -203,9 +203,6 @@ impl DecodeWorker for Decode {
         &self,
         _: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        Ok(Response::new(cleave_worker::watch::stream(
-            &self.state.watch,
-            &self.state.engine,
-        )))
+        Ok(cleave_worker::watch::response(&self.state))
     }
 }

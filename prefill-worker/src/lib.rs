@@ -31,7 +31,7 @@ pub struct Prefill {
 
 #[tonic::async_trait]
 impl PrefillWorker for Prefill {
-    type WatchStream = tokio_stream::wrappers::ReceiverStream<Result<pb::WorkerUpdate, Status>>;
+    type WatchStream = cleave_worker::watch::Stream;
 
     async fn prefill(
         &self,
@@ -56,9 +56,6 @@ impl PrefillWorker for Prefill {
         &self,
         _: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        Ok(Response::new(cleave_worker::watch::stream(
-            &self.state.watch,
-            &self.state.engine,
-        )))
+        Ok(cleave_worker::watch::response(&self.state))
     }
 }
