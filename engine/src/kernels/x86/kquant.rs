@@ -37,9 +37,9 @@ pub(super) fn tile<const R: usize, const T: usize>(
     match m.ty {
         WeightType::Q2_K => tile_k23::<R, T, false>(m, r0, tok, out),
         WeightType::Q3_K => tile_k23::<R, T, true>(m, r0, tok, out),
-        WeightType::Q4_K => tile_k45::<_, R, T, T, false>(ymm, m, r0, tok, out),
-        WeightType::Q5_K => tile_k45::<_, R, T, T, true>(ymm, m, r0, tok, out),
-        WeightType::Q6_K => tile_k6::<_, R, T, T>(ymm, m, r0, tok, out),
+        WeightType::Q4_K => tile_k::<_, R, T, T, 4>(ymm, m, r0, tok, out),
+        WeightType::Q5_K => tile_k::<_, R, T, T, 5>(ymm, m, r0, tok, out),
+        WeightType::Q6_K => tile_k::<_, R, T, T, 6>(ymm, m, r0, tok, out),
         other => unreachable!("{other:?} is not a K-quant"),
     }
 }
@@ -193,11 +193,14 @@ pub(super) fn k6_scales(blk: &[u8], j: usize) -> (i8, i8) {
     (blk[K6_SC + 2 * j] as i8, blk[K6_SC + 2 * j + 1] as i8)
 }
 
-/// Q4_K (`Q5 = false`) or Q5_K tile of rows `r0..r0 + R` × the `T` tokens of `x` (`N`
-/// registers per row) at width `W`.
+/// Q4_K (`K = 4`), Q5_K (`K = 5`) or Q6_K (`K = 6`) tile of rows `r0..r0 + R` × the `T`
+/// tokens of `x` (`N` registers per row) at width `W`. Q4_K/Q5_K take two sub-blocks per
+/// 32-byte load (low and high nibbles), with the minimum terms added per super-block first;
+/// Q6_K's signed `q − 32` is `maddubs(q, x) − maddubs(32, x)`, the second term computed once
+/// per register and block for all rows.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-pub(super) fn tile_k45<W: Width, const R: usize, const T: usize, const N: usize, const Q5: bool>(
+pub(super) fn tile_k<W: Width, const R: usize, const T: usize, const N: usize, const K: u8>(
     w: W,
     m: &QMatrix,
     r0: usize,
@@ -211,15 +214,43 @@ pub(super) fn tile_k45<W: Width, const R: usize, const T: usize, const N: usize,
         let b0 = 8 * s;
         let mut sc = [[0u8; 8]; R];
         for r in 0..R {
-            let (d, scs, mneg) = w.head45(rows.block(r, s));
-            sc[r] = scs;
-            for n in 0..N {
-                acc[r][n] = w.fma(mneg, w.xs(x, n, b0), acc[r][n]);
-            }
+            let blk = rows.block(r, s);
+            let d = if K == 6 {
+                f16_le(blk, K6_D)
+            } else {
+                let (d, scs, mneg) = w.head45(blk);
+                sc[r] = scs;
+                for n in 0..N {
+                    acc[r][n] = w.fma(mneg, w.xs(x, n, b0), acc[r][n]);
+                }
+                d
+            };
             w.scales(d, x, b0, &mut dd[r]);
         }
         // Keep the scales in memory so that they are broadcast by loads.
         std::hint::black_box(&mut dd);
+        if K == 6 {
+            for j in 0..8 {
+                rows.pf.block(b0 + j);
+                let mut q = [w.set16(0); R];
+                let mut scv = [w.set16(0); R];
+                for r in 0..R {
+                    let blk = rows.block(r, s);
+                    q[r] = w.quants6(blk, j);
+                    let (sa, sb) = k6_scales(blk, j);
+                    scv[r] = w.half_scales(sa.into(), sb.into());
+                }
+                for n in 0..N {
+                    let xv = w.xq(x, n, b0 + j);
+                    let x32 = w.times32(xv);
+                    for r in 0..R {
+                        let l = w.dot_minus32(q[r], xv, x32, scv[r]);
+                        acc[r][n] = w.fma(l, w.scale(&dd[r][n], j), acc[r][n]);
+                    }
+                }
+            }
+            continue;
+        }
         for g in 0..4 {
             let (j0, j1) = (2 * g, 2 * g + 1);
             rows.pf.block(b0 + j0);
@@ -228,7 +259,7 @@ pub(super) fn tile_k45<W: Width, const R: usize, const T: usize, const N: usize,
             let mut s0 = [w.set16(0); R];
             let mut s1 = [w.set16(0); R];
             for r in 0..R {
-                q[r] = w.quants45::<Q5>(rows.block(r, s), g);
+                q[r] = w.quants45(rows.block(r, s), g, K == 5);
                 s0[r] = w.set16(sc[r][j0].into());
                 s1[r] = w.set16(sc[r][j1].into());
             }
@@ -239,51 +270,6 @@ pub(super) fn tile_k45<W: Width, const R: usize, const T: usize, const N: usize,
                     acc[r][n] = w.fma(l0, w.scale(&dd[r][n], j0), acc[r][n]);
                     let l1 = w.dot(q[r].1, x1, s1[r]);
                     acc[r][n] = w.fma(l1, w.scale(&dd[r][n], j1), acc[r][n]);
-                }
-            }
-        }
-    }
-    w.finish::<R, T, N>(&acc, m.rows, r0, x, out);
-}
-
-/// Q6_K tile of rows `r0..r0 + R` × the `T` tokens of `x` (`N` registers per row) at width
-/// `W`. The signed `q − 32` is `maddubs(q, x) − maddubs(32, x)`, the second term computed once
-/// per register and block for all rows.
-#[allow(clippy::needless_range_loop)]
-#[inline(always)]
-pub(super) fn tile_k6<W: Width, const R: usize, const T: usize, const N: usize>(
-    w: W,
-    m: &QMatrix,
-    r0: usize,
-    x: &W::View<'_, N>,
-    out: OutPtr,
-) {
-    let rows = SuperRows::<R>::new(m, r0);
-    let mut acc = [[w.zero(); N]; R];
-    let mut dd = [[W::NO_SCALES; N]; R];
-    for s in 0..m.cols / QK_K {
-        let b0 = 8 * s;
-        for r in 0..R {
-            w.scales(f16_le(rows.block(r, s), K6_D), x, b0, &mut dd[r]);
-        }
-        // Keep the scales in memory so that they are broadcast by loads.
-        std::hint::black_box(&mut dd);
-        for j in 0..8 {
-            rows.pf.block(b0 + j);
-            let mut q = [w.set16(0); R];
-            let mut scv = [w.set16(0); R];
-            for r in 0..R {
-                let blk = rows.block(r, s);
-                q[r] = w.quants6(blk, j);
-                let (sa, sb) = k6_scales(blk, j);
-                scv[r] = w.half_scales(sa.into(), sb.into());
-            }
-            for n in 0..N {
-                let xv = w.xq(x, n, b0 + j);
-                let x32 = w.times32(xv);
-                for r in 0..R {
-                    let l = w.dot_minus32(q[r], xv, x32, scv[r]);
-                    acc[r][n] = w.fma(l, w.scale(&dd[r][n], j), acc[r][n]);
                 }
             }
         }

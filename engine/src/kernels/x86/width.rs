@@ -82,11 +82,17 @@ pub(super) unsafe trait Width: Copy {
         (d, sc, self.widen_ps(mneg))
     }
 
-    /// Sub-blocks `2g` and `2g + 1` of a Q4_K (`Q5 = false`) or Q5_K super-block.
+    /// Sub-blocks `2g` and `2g + 1` of a Q4_K (`q5` false) or Q5_K super-block.
     #[inline(always)]
-    fn quants45<const Q5: bool>(self, blk: &[u8], g: usize) -> (Self::I, Self::I) {
+    fn quants45(self, blk: &[u8], g: usize, q5: bool) -> (Self::I, Self::I) {
         // SAFETY: as in `head45`.
-        let (lo, hi) = unsafe { k45_quants::<Q5>(blk, g) };
+        let (lo, hi) = unsafe {
+            if q5 {
+                k45_quants::<true>(blk, g)
+            } else {
+                k45_quants::<false>(blk, g)
+            }
+        };
         (self.widen(lo), self.widen(hi))
     }
 

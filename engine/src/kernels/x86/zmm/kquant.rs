@@ -10,7 +10,7 @@
 use std::arch::x86_64::*;
 
 use super::super::super::{OutPtr, QMatrix, WeightType};
-use super::super::kquant::{tile_k45, tile_k6};
+use super::super::kquant::tile_k;
 use super::super::width::Width;
 use super::{chunk_scales, dup_epi32, dup_ps, finish_tile, pair_scale, PairView};
 
@@ -25,9 +25,9 @@ pub(super) fn tile<const R: usize, const T: usize, const TP: usize>(
     assert_eq!(T, 2 * TP);
     let zmm = Zmm(());
     match m.ty {
-        WeightType::Q4_K => tile_k45::<_, R, T, TP, false>(zmm, m, r0, x, out),
-        WeightType::Q5_K => tile_k45::<_, R, T, TP, true>(zmm, m, r0, x, out),
-        WeightType::Q6_K => tile_k6::<_, R, T, TP>(zmm, m, r0, x, out),
+        WeightType::Q4_K => tile_k::<_, R, T, TP, 4>(zmm, m, r0, x, out),
+        WeightType::Q5_K => tile_k::<_, R, T, TP, 5>(zmm, m, r0, x, out),
+        WeightType::Q6_K => tile_k::<_, R, T, TP, 6>(zmm, m, r0, x, out),
         other => unreachable!("{other:?} has no token-pair tile"),
     }
 }
