@@ -288,19 +288,22 @@ fn tile<const R: usize, const T: usize, const TP: usize>(
     }
 }
 
-/// Rows `rows` × the `T = 2·TP` tokens of `x`, R rows at a time, then one at a time.
+/// Rows `rows` × tokens `t0..t0 + T` (`T = 2·TP`, `t0` even), R rows at a time, then one at
+/// a time.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
 fn tiles<const R: usize, const T: usize, const TP: usize>(
     m: &QMatrix,
-    x: &PairView<'_, TP>,
-    out: OutPtr,
+    x: &Activations,
+    t0: usize,
     rows: Range<usize>,
+    out: OutPtr,
 ) {
+    let x = PairView::<TP>::new(m, x, t0);
     row_tiles::<R>(rows, |r, whole| {
         if whole {
-            tile::<R, T, TP>(m, r, x, out)
+            tile::<R, T, TP>(m, r, &x, out)
         } else {
-            tile::<1, T, TP>(m, r, x, out)
+            tile::<1, T, TP>(m, r, &x, out)
         }
     });
 }
@@ -318,11 +321,11 @@ pub(in crate::kernels) fn block(
 ) {
     assert!(m.ty.is_quantized());
     match nt {
-        16 => tiles::<2, 16, 8>(m, &PairView::new(m, x, t0), out, rows),
-        8 => tiles::<4, 8, 4>(m, &PairView::new(m, x, t0), out, rows),
+        16 => tiles::<2, 16, 8>(m, x, t0, rows, out),
+        8 => tiles::<4, 8, 4>(m, x, t0, rows, out),
         _ => {
             assert_eq!(nt, 4);
-            tiles::<4, 4, 2>(m, &PairView::new(m, x, t0), out, rows);
+            tiles::<4, 4, 2>(m, x, t0, rows, out);
         }
     }
 }
