@@ -252,6 +252,18 @@ mod tests {
         m.matched(WorkerId(w))
     }
 
+    /// Worker `w`'s first event: it stored `blocks`, a chain from the root.
+    fn store(index: &mut PrefixIndex, w: u64, blocks: std::ops::Range<u64>) {
+        let record = KvEventRecord {
+            id: 0,
+            event: KvEvent::Stored {
+                parent: None,
+                blocks: hashes(blocks),
+            },
+        };
+        index.apply(WorkerId(w), &record).unwrap();
+    }
+
     const S: Duration = Duration::from_secs(1);
 
     #[test]
@@ -271,18 +283,7 @@ mod tests {
     #[test]
     fn overlay_continues_the_index_match() {
         let mut index = index(1);
-        index
-            .apply(
-                WorkerId(0),
-                &KvEventRecord {
-                    id: 0,
-                    event: KvEvent::Stored {
-                        parent: None,
-                        blocks: hashes(0..3),
-                    },
-                },
-            )
-            .unwrap();
+        store(&mut index, 0, 0..3);
         let mut o = InFlight::default();
         // In flight: blocks 3..6 (the rest of a longer prompt whose start was cached).
         let _t = o.add(WorkerId(0), hashes(3..6), Duration::ZERO);
@@ -325,18 +326,7 @@ mod tests {
         assert_eq!(o.len(), 2);
         assert_eq!(matched(&o, &index, &hashes(0..5), 0), 5);
         // a's events arrive: a goes; b's never do: it goes at the grace bound.
-        index
-            .apply(
-                WorkerId(0),
-                &KvEventRecord {
-                    id: 0,
-                    event: KvEvent::Stored {
-                        parent: None,
-                        blocks: hashes(0..5),
-                    },
-                },
-            )
-            .unwrap();
+        store(&mut index, 0, 0..5);
         o.expire(3 * S, &index);
         assert_eq!(o.len(), 1);
         o.expire(6 * S, &index);
