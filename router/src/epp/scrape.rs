@@ -257,24 +257,30 @@ vllm:request_success_total{finished_reason="stop",model_name="m b"} 7.0
 
     #[test]
     fn parses_vllm_v0_and_sglang_names() {
-        let v0 = "vllm:num_requests_waiting 1\nvllm:gpu_cache_usage_perc 0.9 1700000000\n";
-        assert_eq!(
-            parse(v0).expect("v0"),
-            ServerLoad {
-                waiting: 1.0,
-                running: 0.0,
-                kv_usage: 0.9
-            }
-        );
-        let sglang = "sglang:num_queue_reqs{model_name=\"x\"} 4\nsglang:num_running_reqs{model_name=\"x\"} 2\nsglang:token_usage{model_name=\"x\"} 1.5\n";
-        assert_eq!(
-            parse(sglang).expect("sglang"),
-            ServerLoad {
-                waiting: 4.0,
-                running: 2.0,
-                kv_usage: 1.0
-            }
-        );
+        // (server, exposition, expected waiting, running, kv_usage)
+        let cases = [
+            (
+                "v0",
+                "vllm:num_requests_waiting 1\nvllm:gpu_cache_usage_perc 0.9 1700000000\n",
+                (1.0, 0.0, 0.9),
+            ),
+            (
+                "sglang",
+                "sglang:num_queue_reqs{model_name=\"x\"} 4\nsglang:num_running_reqs{model_name=\"x\"} 2\nsglang:token_usage{model_name=\"x\"} 1.5\n",
+                (4.0, 2.0, 1.0),
+            ),
+        ];
+        for (server, text, (waiting, running, kv_usage)) in cases {
+            assert_eq!(
+                parse(text).expect(server),
+                ServerLoad {
+                    waiting,
+                    running,
+                    kv_usage
+                },
+                "{server}"
+            );
+        }
     }
 
     #[test]
