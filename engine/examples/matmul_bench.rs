@@ -12,31 +12,24 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use cleave_engine::kernels::{simd_path, Activations, QMatrix, Threads, WeightType, QK};
+use proptest::prelude::RngExt;
+use proptest::test_runner::{RngAlgorithm, TestRng};
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn f(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
+/// A value uniform in [-1, 1) from a seeded generator (proptest's, a dev-dependency).
+fn f(rng: &mut TestRng) -> f32 {
+    rng.random_range(-1.0..1.0)
 }
 
-fn random_matrix(ty: WeightType, rows: usize, cols: usize, rng: &mut Rng) -> QMatrix {
+fn random_matrix(ty: WeightType, rows: usize, cols: usize, rng: &mut TestRng) -> QMatrix {
     let mut raw = Vec::with_capacity(rows * ty.row_bytes(cols));
     for _ in 0..rows * cols / QK {
-        let d = half::f16::from_f32(0.01 + 0.01 * rng.f());
+        let d = half::f16::from_f32(0.01 + 0.01 * f(rng));
         raw.extend_from_slice(&d.to_bits().to_le_bytes());
         if ty == WeightType::Q4_1 {
             raw.extend_from_slice(&half::f16::from_f32(-0.08).to_bits().to_le_bytes());
         }
         let n = if ty == WeightType::Q8_0 { 32 } else { 16 };
-        raw.extend((0..n).map(|_| rng.next() as u8));
+        raw.extend((0..n).map(|_| rng.random::<u8>()));
     }
     QMatrix::from_raw(ty, rows, cols, &raw).expect("valid random matrix")
 }
@@ -63,12 +56,12 @@ fn time_per_call(mats: &[QMatrix], x: &Activations, out: &mut [f32], th: &Thread
     best
 }
 
-fn bench(label: &str, mats: &[QMatrix], th: &Threads, rng: &mut Rng) {
+fn bench(label: &str, mats: &[QMatrix], th: &Threads, rng: &mut TestRng) {
     let (rows, cols) = (mats[0].rows(), mats[0].cols());
     let mut per_token = Vec::new();
     print!("{label:<34}");
     for n in [1, 4, 16, 64] {
-        let xs: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
+        let xs: Vec<f32> = (0..n * cols).map(|_| f(rng)).collect();
         let mut x = Activations::new();
         x.set(&xs, n, cols);
         let mut out = vec![0f32; n * rows];
@@ -92,11 +85,12 @@ const LAYER: [(usize, usize); 7] = [
 ];
 
 fn model_tokens_per_s(layers: &[Vec<QMatrix>], head: &QMatrix, n: usize, th: &Threads) -> f64 {
-    let mut rng = Rng(99);
+    let mut rng = TestRng::from_seed(RngAlgorithm::ChaCha, &[99; 32]);
+    let rng = &mut rng;
     let mut x576 = Activations::new();
-    x576.set(&(0..n * 576).map(|_| rng.f()).collect::<Vec<_>>(), n, 576);
+    x576.set(&(0..n * 576).map(|_| f(rng)).collect::<Vec<_>>(), n, 576);
     let mut x1536 = Activations::new();
-    x1536.set(&(0..n * 1536).map(|_| rng.f()).collect::<Vec<_>>(), n, 1536);
+    x1536.set(&(0..n * 1536).map(|_| f(rng)).collect::<Vec<_>>(), n, 1536);
     let mut out = vec![0f32; n * 49152];
     let step = |out: &mut Vec<f32>| {
         for layer in layers {
@@ -126,7 +120,7 @@ fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(1);
     let th = Threads::new(threads);
-    let mut rng = Rng(0x5eed);
+    let mut rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
     println!("simd path: {}, threads: {}", simd_path(), th.count());
 
     let q41 = random_matrix(WeightType::Q4_1, 576, 1536, &mut rng);

@@ -71,28 +71,11 @@ impl Activations {
         #[cfg(target_arch = "x86_64")]
         if super::isa() != super::Isa::Scalar {
             // SAFETY: every non-scalar backend is only selected with AVX2, FMA and F16C.
-            unsafe {
-                super::x86::quant::quantize_rows(
-                    x,
-                    &mut self.q,
-                    &mut self.d,
-                    &mut self.s,
-                    self.nb,
-                    self.nb8,
-                )
-            };
+            unsafe { super::x86::quant::quantize_rows(self, x) };
             self.interleave_pairs();
             return;
         }
-        quantize_rows(
-            x,
-            &mut self.q,
-            &mut self.d,
-            &mut self.s,
-            self.nb,
-            self.nb8,
-            scalar::quantize_block,
-        );
+        self.quantize_rows(x, scalar::quantize_block);
         self.interleave_pairs();
     }
 
@@ -172,24 +155,25 @@ impl Activations {
     pub(super) fn s_row(&self, t: usize) -> &[f32] {
         &self.s[t * self.nb8..(t + 1) * self.nb8]
     }
-}
 
-/// Quantizes every block of `x` (tokens of `nb` blocks) with `quantize_block`: the values into
-/// `q`, the scales into `d` and `d · Σq` into `s` (`nb8` per token).
-#[inline(always)]
-pub(super) fn quantize_rows(
-    x: &[f32],
-    q: &mut [i8],
-    d: &mut [f32],
-    s: &mut [f32],
-    nb: usize,
-    nb8: usize,
-    mut quantize_block: impl FnMut(&[f32], &mut [i8]) -> (f32, i32),
-) {
-    for (i, (xb, qb)) in x.chunks_exact(QK).zip(q.chunks_exact_mut(QK)).enumerate() {
-        let (t, b) = (i / nb, i % nb);
-        let (dv, sum) = quantize_block(xb, qb);
-        d[t * nb8 + b] = dv;
-        s[t * nb8 + b] = dv * sum as f32;
+    /// Quantizes every block of `x` (tokens of `nb` blocks) with `quantize_block`: the values
+    /// into `q`, the scales into `d` and `d · Σq` into `s` (`nb8` per token).
+    #[inline(always)]
+    pub(super) fn quantize_rows(
+        &mut self,
+        x: &[f32],
+        mut quantize_block: impl FnMut(&[f32], &mut [i8]) -> (f32, i32),
+    ) {
+        let (nb, nb8) = (self.nb, self.nb8);
+        for (i, (xb, qb)) in x
+            .chunks_exact(QK)
+            .zip(self.q.chunks_exact_mut(QK))
+            .enumerate()
+        {
+            let (t, b) = (i / nb, i % nb);
+            let (dv, sum) = quantize_block(xb, qb);
+            self.d[t * nb8 + b] = dv;
+            self.s[t * nb8 + b] = dv * sum as f32;
+        }
     }
 }

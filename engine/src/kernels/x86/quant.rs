@@ -10,7 +10,7 @@
 
 use std::arch::x86_64::*;
 
-use super::super::QK;
+use super::super::{Activations, QK};
 
 /// As `scalar::quantize_block` for a block of [`QK`] values.
 ///
@@ -64,17 +64,10 @@ pub(in crate::kernels) fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, i32) 
     (d, _mm_cvtsi128_si32(s) - 32 * 128)
 }
 
-/// Quantizes every block of `x` into `q`, `d` and `s` as `Activations::set` does.
+/// Quantizes every block of `x` into `a` as `Activations::set` does.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(in crate::kernels) fn quantize_rows(
-    x: &[f32],
-    q: &mut [i8],
-    d: &mut [f32],
-    s: &mut [f32],
-    nb: usize,
-    nb8: usize,
-) {
-    super::super::activations::quantize_rows(x, q, d, s, nb, nb8, |x, q| quantize_block(x, q));
+pub(in crate::kernels) fn quantize_rows(a: &mut Activations, x: &[f32]) {
+    a.quantize_rows(x, |x, q| quantize_block(x, q));
 }
 
 #[cfg(test)]
