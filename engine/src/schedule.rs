@@ -159,6 +159,18 @@ pub struct Planned {
     pub sample: bool,
 }
 
+impl Planned {
+    /// Sequence `index` computes positions `start..start + len` of its `total` known tokens.
+    fn chunk(index: usize, start: usize, len: usize, total: usize) -> Planned {
+        Planned {
+            index,
+            start,
+            len,
+            sample: start + len == total,
+        }
+    }
+}
+
 /// Counters the engine exports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SchedulerCounters {
@@ -368,12 +380,7 @@ impl Scheduler {
                 self.waiting.push_front(s);
                 continue;
             }
-            plan.push(Planned {
-                index: i,
-                start: computed,
-                len,
-                sample: computed + len == total,
-            });
+            plan.push(Planned::chunk(i, computed, len, total));
             budget -= len;
             if prefilling {
                 prefill_left -= len;
@@ -426,12 +433,7 @@ impl Scheduler {
                 break;
             }
             self.counters.prefix_hit_tokens += computed as u64;
-            plan.push(Planned {
-                index: idx,
-                start: computed,
-                len,
-                sample: computed + len == total,
-            });
+            plan.push(Planned::chunk(idx, computed, len, total));
             budget -= len;
             prefill_left = prefill_left.saturating_sub(len);
             if !ok {
