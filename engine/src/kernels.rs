@@ -224,6 +224,13 @@ impl std::fmt::Debug for QMatrix {
     }
 }
 
+/// The outputs one backend call computes: rows `rows` × tokens `tokens` of a matmul.
+#[derive(Clone, Debug)]
+struct Cells {
+    rows: Range<usize>,
+    tokens: Range<usize>,
+}
+
 /// One packed row of a quantized matrix, split into its parts.
 #[derive(Clone, Copy)]
 struct PackedRow<'a> {
@@ -607,42 +614,42 @@ impl QMatrix {
                 } else {
                     1
                 };
-                self.block(isa, x, out, start..end, t, nt);
+                let tokens = t..t + nt;
+                self.block(
+                    isa,
+                    x,
+                    out,
+                    Cells {
+                        rows: start..end,
+                        tokens,
+                    },
+                );
                 t += nt;
             }
             start = end;
         }
     }
 
-    /// Computes rows `rows` × tokens `t0..t0 + nt` (`nt` is 1, 4, 8 or 16) with the given
-    /// backend.
-    fn block(
-        &self,
-        isa: Isa,
-        x: &Activations,
-        out: OutPtr,
-        rows: Range<usize>,
-        t0: usize,
-        nt: usize,
-    ) {
+    /// Computes `c` (`c.tokens` is 1, 4, 8 or 16 long) with the given backend.
+    fn block(&self, isa: Isa, x: &Activations, out: OutPtr, c: Cells) {
         match isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => {
                 // SAFETY: `Isa::Avx2` is only produced after detecting avx2, fma and f16c.
-                unsafe { x86::avx2::block(self, x, out, rows, t0, nt) }
+                unsafe { x86::avx2::block(self, x, out, c) }
             }
             #[cfg(target_arch = "x86_64")]
-            Isa::Vnni if nt >= 4 && isa.pairs(self.ty) => {
+            Isa::Vnni if c.tokens.len() >= 4 && isa.pairs(self.ty) => {
                 // SAFETY: `Isa::Vnni` is only produced after detecting avx2, fma, f16c,
                 // avx512f, avx512bw, avx512vnni and avx512vl.
-                unsafe { x86::zmm::block(self, x, out, rows, t0, nt) }
+                unsafe { x86::zmm::block(self, x, out, c) }
             }
             #[cfg(target_arch = "x86_64")]
             Isa::Vnni => {
                 // SAFETY: as above.
-                unsafe { x86::vnni::block(self, x, out, rows, t0, nt) }
+                unsafe { x86::vnni::block(self, x, out, c) }
             }
-            _ => scalar::block(self, x, out, rows, t0, nt),
+            _ => scalar::block(self, x, out, c),
         }
     }
 }

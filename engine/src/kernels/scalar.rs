@@ -1,9 +1,6 @@
 //! Portable backend and the canonical definition of every kernel's float semantics (see the
 //! parent module's docs): the SIMD backends must match these functions bit for bit.
-
-use std::ops::Range;
-
-use super::{f16_at, kquant, Activations, OutPtr, PackedRow, QMatrix, WeightType, QK};
+use super::{f16_at, kquant, Activations, Cells, OutPtr, PackedRow, QMatrix, WeightType, QK};
 
 /// Quantizes one block of 32 activations into `q`, returning the (f16-rounded) scale and `Σq`.
 pub(super) fn quantize_block(x: &[f32], q: &mut [i8]) -> (f32, i32) {
@@ -133,17 +130,10 @@ pub(super) fn dot_f32(w: &[f32], x: &[f32]) -> f32 {
     hsum(&acc)
 }
 
-/// Computes rows `rows` × tokens `t0..t0 + nt` one (row, token) pair at a time.
-pub(super) fn block(
-    m: &QMatrix,
-    x: &Activations,
-    out: OutPtr,
-    rows: Range<usize>,
-    t0: usize,
-    nt: usize,
-) {
-    for r in rows {
-        for t in t0..t0 + nt {
+/// Computes `c` one (row, token) pair at a time.
+pub(super) fn block(m: &QMatrix, x: &Activations, out: OutPtr, c: Cells) {
+    for r in c.rows {
+        for t in c.tokens.clone() {
             let v = match m.ty {
                 WeightType::F32 => dot_f32(m.f32_row(r), x.x_row(t)),
                 WeightType::Q8_0 => dot_q8(m.packed_row(r), x.q_row(t), x.d_row(t), m.nb),

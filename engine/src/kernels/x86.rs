@@ -238,7 +238,7 @@ macro_rules! backend {
             use std::arch::x86_64::*;
             use std::ops::Range;
 
-            use super::super::{Activations, OutPtr, QMatrix, WeightType};
+            use super::super::{Activations, Cells, OutPtr, QMatrix, WeightType};
             use super::{
                 chunk_scales, expand_qh, finish, iq4nl_table, kquant, load_f16x8, offset_weights,
                 packed_rows, row_tiles, unpack_q4, Prefetch, Tokens, BYTES, NIBBLES, TABLE,
@@ -407,21 +407,14 @@ macro_rules! backend {
                 });
             }
 
-            /// Computes rows `rows` × tokens `t0..t0 + nt` (`nt` is 1 or 4).
+            /// Computes `c` (1 or 4 tokens).
             #[target_feature(enable = $feat)]
-            pub(in crate::kernels) fn block(
-                m: &QMatrix,
-                x: &Activations,
-                out: OutPtr,
-                rows: Range<usize>,
-                t0: usize,
-                nt: usize,
-            ) {
-                if nt == 4 {
-                    tiles::<$rt, 4>(m, &Tokens::new(m, x, t0), out, rows);
+            pub(in crate::kernels) fn block(m: &QMatrix, x: &Activations, out: OutPtr, c: Cells) {
+                if c.tokens.len() == 4 {
+                    tiles::<$rt, 4>(m, &Tokens::new(m, x, c.tokens.start), out, c.rows);
                 } else {
-                    for t in t0..t0 + nt {
-                        tiles::<4, 1>(m, &Tokens::new(m, x, t), out, rows.clone());
+                    for t in c.tokens {
+                        tiles::<4, 1>(m, &Tokens::new(m, x, t), out, c.rows.clone());
                     }
                 }
             }

@@ -18,7 +18,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::super::{Activations, OutPtr, QMatrix, WeightType};
+use super::super::{Activations, Cells, OutPtr, QMatrix, WeightType};
 mod kquant;
 mod reduce;
 
@@ -308,24 +308,17 @@ fn tiles<const R: usize, const T: usize, const TP: usize>(
     });
 }
 
-/// Computes rows `rows` × tokens `t0..t0 + nt` (`nt` is 4, 8 or 16, `t0` even) of a quantized
-/// matrix.
+/// Computes `c` (4, 8 or 16 tokens from an even one) of a quantized matrix.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
-pub(in crate::kernels) fn block(
-    m: &QMatrix,
-    x: &Activations,
-    out: OutPtr,
-    rows: Range<usize>,
-    t0: usize,
-    nt: usize,
-) {
+pub(in crate::kernels) fn block(m: &QMatrix, x: &Activations, out: OutPtr, c: Cells) {
     assert!(m.ty.is_quantized());
-    match nt {
-        16 => tiles::<2, 16, 8>(m, x, t0, rows, out),
-        8 => tiles::<4, 8, 4>(m, x, t0, rows, out),
-        _ => {
+    let t0 = c.tokens.start;
+    match c.tokens.len() {
+        16 => tiles::<2, 16, 8>(m, x, t0, c.rows, out),
+        8 => tiles::<4, 8, 4>(m, x, t0, c.rows, out),
+        nt => {
             assert_eq!(nt, 4);
-            tiles::<4, 4, 2>(m, x, t0, rows, out);
+            tiles::<4, 4, 2>(m, x, t0, c.rows, out);
         }
     }
 }
