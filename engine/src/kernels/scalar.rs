@@ -1,5 +1,6 @@
 //! Portable backend and the canonical definition of every kernel's float semantics (see the
 //! parent module's docs): the SIMD backends must match these functions bit for bit.
+
 use super::{f16_at, kquant, Activations, Cells, OutPtr, PackedRow, QMatrix, WeightType, QK};
 
 /// Quantizes one block of 32 activations into `q`, returning the (f16-rounded) scale and `Σq`.
