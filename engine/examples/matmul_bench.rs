@@ -1,9 +1,9 @@
 //! Matmul throughput bench (no criterion): `cargo run --release -p cleave-engine --example
 //! matmul_bench [threads]`.
 //!
-//! For Q4_1 576×1536 and 1536×576, and a Q8_0 49152×576 (LM head) random matrix, prints GFLOP/s
-//! (2·rows·cols·tokens / time) at 1, 4, 16 and 64 tokens and the per-token time ratio of batch
-//! 1 over batch 16. "hot" repeats one matrix (it stays in cache when small); "streamed" cycles
+//! For Q4_1 576×1536 and 1536×576, Q8_0, Q4_K, Q5_K and Q6_K 576×1536, and a Q8_0 49152×576
+//! (LM head) random matrix, prints GFLOP/s (2·rows·cols·tokens / time) at 1, 4, 16 and 64
+//! tokens and the per-token time ratio of batch 1 over batch 16. "hot" repeats one matrix (it stays in cache when small); "streamed" cycles
 //! through copies totalling ~192 MiB, as decode streams every weight from memory once per step.
 //! Finally it estimates whole-model SmolLM2-135M decode speed (30 layers of distinct Q4_1
 //! matrices plus the Q8_0 LM head).
@@ -21,6 +21,9 @@ fn f(rng: &mut TestRng) -> f32 {
 }
 
 fn random_matrix(ty: WeightType, rows: usize, cols: usize, rng: &mut TestRng) -> QMatrix {
+    if ty.is_k() {
+        return random_k_matrix(ty, rows, cols, rng);
+    }
     let mut raw = Vec::with_capacity(rows * ty.row_bytes(cols));
     for _ in 0..rows * cols / QK {
         let d = half::f16::from_f32(0.01 + 0.01 * f(rng));
@@ -30,6 +33,27 @@ fn random_matrix(ty: WeightType, rows: usize, cols: usize, rng: &mut TestRng) ->
         }
         let n = if ty == WeightType::Q8_0 { 32 } else { 16 };
         raw.extend((0..n).map(|_| rng.random::<u8>()));
+    }
+    QMatrix::from_raw(ty, rows, cols, &raw).expect("valid random matrix")
+}
+
+/// Random K-quant super-blocks with sane f16 scales (`d`, and `dmin` for Q4_K/Q5_K).
+fn random_k_matrix(ty: WeightType, rows: usize, cols: usize, rng: &mut TestRng) -> QMatrix {
+    let bb = ty.row_bytes(256);
+    let mut raw: Vec<u8> = (0..rows * ty.row_bytes(cols))
+        .map(|_| rng.random())
+        .collect();
+    for blk in raw.chunks_exact_mut(bb) {
+        let d = half::f16::from_f32(0.001 + 0.001 * f(rng))
+            .to_bits()
+            .to_le_bytes();
+        match ty {
+            WeightType::Q6_K => blk[bb - 2..].copy_from_slice(&d),
+            _ => {
+                blk[..2].copy_from_slice(&d);
+                blk[2..4].copy_from_slice(&d);
+            }
+        }
     }
     QMatrix::from_raw(ty, rows, cols, &raw).expect("valid random matrix")
 }
@@ -156,6 +180,15 @@ fn main() {
         &th,
         &mut rng,
     );
+    for ty in [WeightType::Q4_K, WeightType::Q5_K, WeightType::Q6_K] {
+        let m = random_matrix(ty, 576, 1536, &mut rng);
+        bench(
+            &format!("{ty:?} 576x1536 hot"),
+            std::slice::from_ref(&m),
+            &th,
+            &mut rng,
+        );
+    }
     let head = random_matrix(WeightType::Q8_0, 49152, 576, &mut rng);
     bench(
         "Q8_0 49152x576 (LM head)",
