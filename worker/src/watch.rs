@@ -139,14 +139,14 @@ impl WatchHub {
 /// What a `Watch` call streams back (each role's `WatchStream`).
 pub type Stream = tokio_stream::wrappers::ReceiverStream<Result<pb::WorkerUpdate, tonic::Status>>;
 
-/// The `Watch` RPC's answer, shared by both roles: [`stream`] from the worker's hub and engine.
+/// The `Watch` RPC's answer, shared by both roles: `stream` from the worker's hub and engine.
 pub fn response(state: &WorkerState) -> tonic::Response<Stream> {
     tonic::Response::new(stream(&state.watch, &state.engine))
 }
 
 /// The updates for one watcher of `hub`: a snapshot, then live updates until the watcher goes
 /// away, falls behind or the worker stops serving.
-pub fn stream(hub: &Arc<WatchHub>, engine: &Arc<Engine>) -> Stream {
+fn stream(hub: &Arc<WatchHub>, engine: &Arc<Engine>) -> Stream {
     let (first, mut rx) = hub.subscribe(engine);
     let (tx, out) = tokio::sync::mpsc::channel(64);
     let stop = hub.stop.clone();
