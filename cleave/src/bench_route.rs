@@ -79,6 +79,10 @@ pub struct RouteArgs {
     /// Weight of the prefill blocks already queued on a worker in prefix-load's cost.
     #[arg(long, default_value_t = sim::DEFAULT_SIM_QUEUED_PREFILL_WEIGHT)]
     pub queued_prefill_weight: f64,
+    /// Weight of the uncached prompt blocks that fit in a worker's free KV space (evicting
+    /// nothing) in prefix-load's cost; `--prefill-weight`'s value turns the distinction off.
+    #[arg(long, default_value_t = sim::DEFAULT_SIM_FREE_PREFILL_WEIGHT)]
+    pub free_prefill_weight: f64,
     /// Policies to compare (default: prefix-load, prefix-optimistic (the router's default), the two
     /// anchors, round-robin).
     #[arg(long, value_delimiter = ',')]
@@ -145,6 +149,7 @@ pub fn bench_route(mut args: RouteArgs) -> anyhow::Result<()> {
     };
     base.place.prefill_weight = args.prefill_weight;
     base.place.queued_prefill_weight = args.queued_prefill_weight;
+    base.place.free_prefill_weight = args.free_prefill_weight;
     base.place.seed = args.seed;
     let mut goals = String::new();
     for &shape in &args.shape {

@@ -10,7 +10,8 @@
 //! - [`prefix_optimistic`] (default): `prefix-load` over matches extended with the router's
 //!   in-flight placements ([`in_flight`]);
 //! - [`prefix_load`]: lowest `prefill_weight·uncached + queued_prefill_weight·
-//!   active_prefill + active_decode + new_decode` wins, ties by smaller cached tree, then at random;
+//!   active_prefill + active_decode + new_decode` wins (uncached blocks that fit in free KV space
+//!   weigh `free_prefill_weight`), ties by smaller cached tree, then at random;
 //! - [`round_robin`], [`least_load`], [`random`]: baselines that ignore the prefix cache;
 //! - [`sglang_cache_aware`], [`dynamo_cost`]: the placement of SGLang's router and of Dynamo's KV
 //!   router, re-implemented from their documented algorithms so `cleave bench route` can put
@@ -97,6 +98,13 @@ pub struct PlaceConfig {
     /// blocks weigh 1) were tuned with `cleave bench route --sweep` for `prefix-optimistic`
     /// (docs/routing.md); 16 and 1 before.
     pub queued_prefill_weight: f64,
+    /// Weight of the uncached prompt blocks that fit in the worker's free KV space, in place of
+    /// `prefill_weight`: holding them evicts nothing, so they cost compute but no future hits.
+    /// Free = the worker's reported pool capacity minus the blocks the prefix index says it holds
+    /// and the prefill blocks queued on it; a worker that reports no capacity (a scraped
+    /// vLLM/SGLang server) has none. Default
+    /// 16 (tuned with `cleave bench route --sweep`, docs/routing.md); `prefill_weight` turns it off.
+    pub free_prefill_weight: f64,
     /// Prefill on a separate worker only when at least this many prompt blocks are uncached on
     /// the decode worker (`usize::MAX`: never disaggregate).
     pub disagg_min_uncached_blocks: usize,
@@ -113,6 +121,7 @@ impl Default for PlaceConfig {
         Self {
             prefill_weight: 48.0,
             queued_prefill_weight: 3.0,
+            free_prefill_weight: 16.0,
             disagg_min_uncached_blocks: 32,
             seed: 0x5eed,
             sglang: sglang_cache_aware::SglangConfig::default(),

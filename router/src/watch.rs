@@ -36,6 +36,7 @@ fn load(role: Role, l: &pb::Load) -> Load {
         prefill_blocks: if role == Role::Prefill { used } else { 0 },
         decode_blocks: if role == Role::Prefill { 0 } else { used },
         queue_depth: (l.queue_depth + l.running) as u64,
+        kv_capacity_blocks: l.kv_blocks_total as u64,
     }
 }
 

@@ -133,6 +133,9 @@ pub fn to_load(l: ServerLoad, kv_capacity_blocks: u64, mean_prompt_blocks: f64) 
         prefill_blocks: (l.waiting * mean_prompt_blocks).round() as u64,
         decode_blocks: (l.kv_usage * kv_capacity_blocks as f64).round() as u64,
         queue_depth: (l.waiting + l.running).round() as u64,
+        // Not reported: `kv_capacity_blocks` is a configured guess and the index may know
+        // nothing of the server's cache, so the cost does not assume free space there.
+        kv_capacity_blocks: 0,
     }
 }
 
@@ -250,7 +253,8 @@ vllm:request_success_total{finished_reason="stop",model_name="m b"} 7.0
             Load {
                 prefill_blocks: 28,
                 decode_blocks: 500,
-                queue_depth: 10
+                queue_depth: 10,
+                kv_capacity_blocks: 0,
             }
         );
     }

@@ -17,7 +17,11 @@
 //! holding their prefix at the first sign of a queue, halving the hit rate; see `router::sim`.
 //!
 //! where `uncached_prompt_blocks(w)` is the prompt minus the leading blocks the prefix index says
-//! `w` holds, and `new_decode_blocks` the request's prompt and decode blocks. Lowest cost wins;
+//! `w` holds, and `new_decode_blocks` the request's prompt and decode blocks. The uncached blocks
+//! that fit in `w`'s free KV space (its reported `kv_capacity_blocks` minus the blocks the index
+//! says it holds and the prefill blocks queued on it) weigh `free_prefill_weight` instead of
+//! `prefill_weight`: storing them evicts nothing, so they cost the compute but none of the hits
+//! that the full weight protects. A worker that reports no capacity has no free space. Lowest cost wins;
 //! ties go to the smaller cached tree (keeps room where caches are full), then to a seeded random
 //! pick, never the first in the list. If the prompt's uncached part on the winner is long enough
 //! to disaggregate, the prefill worker is the prefill-capable worker with the lowest
@@ -52,14 +56,19 @@ impl Policy for PrefixLoad {
     }
 
     fn place(&self, req: &PlacementRequest, workers: &WorkerView) -> Result<Placement, PlaceError> {
-        let (pw, qw) = (
-            self.config.prefill_weight,
-            self.config.queued_prefill_weight,
-        );
+        let c = &self.config;
         let new_decode = (req.prompt_blocks + req.decode_blocks) as f64;
         let tree = |id| req.matches.get(id).map_or(0, |e| e.cached_blocks);
         let prefill_cost = |w: &super::WorkerState| {
-            pw * req.uncached_on(w.id) as f64 + qw * w.load().prefill_blocks as f64
+            let load = w.load();
+            let uncached = req.uncached_on(w.id) as u64;
+            let free = load
+                .kv_capacity_blocks
+                .saturating_sub(tree(w.id) as u64 + load.prefill_blocks);
+            let fits = uncached.min(free);
+            c.prefill_weight * (uncached - fits) as f64
+                + c.free_prefill_weight * fits as f64
+                + c.queued_prefill_weight * load.prefill_blocks as f64
         };
         let decode = argmin_random(
             decode_candidates(workers).map(|w| {
@@ -69,7 +78,7 @@ impl Policy for PrefixLoad {
             &self.rng,
         )
         .ok_or(PlaceError::NoDecodeWorker)?;
-        Ok(finish(decode, req, &self.config, workers, |candidates| {
+        Ok(finish(decode, req, c, workers, |candidates| {
             argmin_random(
                 candidates.map(|w| (w.id, prefill_cost(w), tree(w.id))),
                 &self.rng,

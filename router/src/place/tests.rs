@@ -66,6 +66,7 @@ fn load_wins_when_the_cached_worker_is_overloaded() {
             prefill_blocks: 400,
             decode_blocks: 1600,
             queue_depth: 32,
+            ..Load::default()
         },
     );
     let got = p.place(&req(20, &[0, 20, 0]), &v).unwrap();
@@ -77,11 +78,52 @@ fn load_wins_when_the_cached_worker_is_overloaded() {
             prefill_blocks: 0,
             decode_blocks: 10,
             queue_depth: 1,
+            ..Load::default()
         },
     );
     assert_eq!(
         p.place(&req(20, &[0, 20, 0]), &v).unwrap().decode,
         WorkerId(1)
+    );
+}
+
+#[test]
+fn uncached_blocks_that_fit_in_free_kv_space_weigh_less() {
+    // Worker 0 holds half of a 20-block prompt, has 120 prefill blocks queued and no free space
+    // (48·10 + 3·120 = 840); worker 1 holds nothing and is idle (48·20 = 960 when full).
+    let report = |v: &mut WorkerView, w: u64, prefill: u64, capacity: u64| {
+        let l = Load {
+            prefill_blocks: prefill,
+            kv_capacity_blocks: capacity,
+            ..Load::default()
+        };
+        v.report(WorkerId(w), l);
+    };
+    let place = |config: &PlaceConfig, worker1_capacity: u64| {
+        let mut v = view(2);
+        report(&mut v, 0, 120, 10 + 120);
+        report(&mut v, 1, 0, worker1_capacity);
+        let p = PolicyKind::PrefixLoad.build(config);
+        p.place(&req(20, &[10, 0]), &v).unwrap().decode
+    };
+    let c = local_only();
+    assert_eq!(
+        place(&c, 0),
+        WorkerId(0),
+        "capacity not reported: no free space"
+    );
+    assert_eq!(place(&c, 1000), WorkerId(1), "16·20 = 320");
+    // Only the part that fits is discounted: 48·15 + 16·5 = 800 wins, 48·18 + 16·2 = 896 loses.
+    assert_eq!(place(&c, 5), WorkerId(1));
+    assert_eq!(place(&c, 2), WorkerId(0));
+    let off = PlaceConfig {
+        free_prefill_weight: c.prefill_weight,
+        ..local_only()
+    };
+    assert_eq!(
+        place(&off, 1000),
+        WorkerId(0),
+        "the discount is what moved it"
     );
 }
 
@@ -228,6 +270,7 @@ fn charges_follow_prefill_and_release() {
             prefill_blocks: 0,
             decode_blocks: 50,
             queue_depth: 3,
+            ..Load::default()
         },
     );
     assert_eq!(v.get(WorkerId(1)).unwrap().load().decode_blocks, 50);
@@ -276,6 +319,7 @@ fn load(v: &mut WorkerView, w: u64, prefill: u64, decode: u64, queue: u64) {
             prefill_blocks: prefill,
             decode_blocks: decode,
             queue_depth: queue,
+            ..Load::default()
         },
     );
 }

@@ -57,6 +57,10 @@ pub struct Load {
     pub decode_blocks: u64,
     /// Requests queued or running.
     pub queue_depth: u64,
+    /// Blocks in the worker's KV pool (0: not reported). With the blocks the prefix index says it
+    /// holds, this tells `prefix-load` whether a request's uncached blocks fit without evicting.
+    #[serde(default)]
+    pub kv_capacity_blocks: u64,
 }
 
 impl Load {
@@ -65,6 +69,7 @@ impl Load {
             prefill_blocks: self.prefill_blocks.max(o.prefill_blocks),
             decode_blocks: self.decode_blocks.max(o.decode_blocks),
             queue_depth: self.queue_depth.max(o.queue_depth),
+            kv_capacity_blocks: self.kv_capacity_blocks.max(o.kv_capacity_blocks),
         }
     }
 }
