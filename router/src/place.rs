@@ -102,8 +102,8 @@ pub struct PlaceConfig {
     /// `prefill_weight`: holding them evicts nothing, so they cost compute but no future hits.
     /// Free = the worker's reported pool capacity minus the blocks the prefix index says it holds
     /// and the prefill blocks queued on it; a worker that reports no capacity (a scraped
-    /// vLLM/SGLang server) has none. Default
-    /// 16 (tuned with `cleave bench route --sweep`, docs/routing.md); `prefill_weight` turns it off.
+    /// vLLM/SGLang server) has none. Default 16 (tuned with `cleave bench route --sweep`,
+    /// docs/routing.md); `prefill_weight`'s value turns it off.
     pub free_prefill_weight: f64,
     /// Prefill on a separate worker only when at least this many prompt blocks are uncached on
     /// the decode worker (`usize::MAX`: never disaggregate).

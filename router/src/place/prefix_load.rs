@@ -10,9 +10,9 @@
 //!         + active_decode_blocks(w) + new_decode_blocks
 //! ```
 //!
-//! With `queued_prefill_weight == prefill_weight` this is ARCHITECTURE.md's
-//! `prefill_weight · (active_prefill + uncached) + active_decode + new_decode` (the
-//! [`PlaceConfig`] default). The two weights are separate because the trace simulation showed
+//! With `queued_prefill_weight` and `free_prefill_weight` equal to `prefill_weight` this is
+//! ARCHITECTURE.md's `prefill_weight · (active_prefill + uncached) + active_decode + new_decode`
+//! ([`PlaceConfig`]'s defaults are 48, 3 and 16). The two weights are separate because the trace simulation showed
 //! that charging queued prefill work at the full prefill weight pushes requests off the worker
 //! holding their prefix at the first sign of a queue, halving the hit rate; see `router::sim`.
 //!
@@ -21,12 +21,13 @@
 //! that fit in `w`'s free KV space (its reported `kv_capacity_blocks` minus the blocks the index
 //! says it holds and the prefill blocks queued on it) weigh `free_prefill_weight` instead of
 //! `prefill_weight`: storing them evicts nothing, so they cost the compute but none of the hits
-//! that the full weight protects. A worker that reports no capacity has no free space. Lowest cost wins;
-//! ties go to the smaller cached tree (keeps room where caches are full), then to a seeded random
-//! pick, never the first in the list. If the prompt's uncached part on the winner is long enough
-//! to disaggregate, the prefill worker is the prefill-capable worker with the lowest
-//! `prefill_weight · uncached_prompt_blocks + queued_prefill_weight · active_prefill_blocks`,
-//! same tie rules.
+//! that the full weight protects. A worker that reports no capacity has no free space.
+//!
+//! Lowest cost wins; ties go to the smaller cached tree (keeps room where caches are full), then
+//! to a seeded random pick, never the first in the list. If the prompt's uncached part on the
+//! winner is long enough to disaggregate, the prefill worker is the prefill-capable worker with
+//! the lowest prefill terms of the same cost (uncached blocks, free-space discount included, and
+//! queued prefill blocks), same tie rules.
 //!
 
 use super::rng::SharedRng;
