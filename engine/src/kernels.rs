@@ -21,14 +21,15 @@
 //! same float operations in the same order, whatever the batch size, tile shape, remainder or
 //! thread count, so results are bit-identical across all of them (and across machines):
 //!
-//! - Quantized weights: eight f32 lanes `acc[0..8]` start at `+0.0`. Blocks are taken in chunks
-//!   of 8, in order. For Q4 formats, each chunk first adds its offset terms, one lane per block:
-//!   `acc[k] = fma(mw_{b0+k}, s_{b0+k}, acc[k])` with `mw = m` for Q4_1 and `mw = -8·d` for Q4_0
-//!   (so `value = d·q + mw` in both cases) and `s = dx · Σqx`. Then, for each block `b` of the
-//!   chunk in order and each lane `k`, with `L[k] = Σ_{i=4k}^{4k+3} qw[i]·qx[i]` (an exact
-//!   `i32`; `qw` is the raw nibble `0..=15` for Q4 and the `i8` for Q8_0; element `i` of a Q4
-//!   block is the low nibble of `qs[i]` for `i < 16` and the high nibble of `qs[i - 16]`
-//!   otherwise): `acc[k] = fma(L[k] as f32, dw_b · dx_b, acc[k])`.
+//! - Quantized weights: eight f32 lanes `acc[0..8]` start at `+0.0`. Each block `b`, in order,
+//!   goes to lane `k = b % 8`. For Q4 formats it first adds its offset term
+//!   `acc[k] = fma(mw_b, s_b, acc[k])` with `mw = m` for Q4_1 and `mw = -8·d` for Q4_0 (so
+//!   `value = d·q + mw` in both cases) and `s = dx · Σqx`. Then, with the whole block's integer
+//!   dot `L = Σ_{i<32} qw[i]·qx[i]` (an exact `i32`; `qw` is the raw nibble `0..=15` for Q4 and
+//!   the `i8` for Q8_0; element `i` of a Q4 block is the low nibble of `qs[i]` for `i < 16` and
+//!   the high nibble of `qs[i - 16]` otherwise): `acc[k] = fma(L as f32, dw_b · dx_b, acc[k])`.
+//!   The integer sums may be formed in any order and layout (they are exact), so a kernel is
+//!   free to keep rows, tokens or blocks in its vector lanes; only the float work is fixed.
 //! - F32 weights: `acc[i % 8] = fma(w[i], x[i], acc[i % 8])` for each column `i` in order.
 //! - The result is `hsum(acc) = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))`.
 //!
@@ -406,6 +407,14 @@ impl QMatrix {
         PackedRow { d, m, qh, qs }
     }
 
+    /// All rows' bytes of a packed (quantized) matrix.
+    fn packed_bytes(&self) -> &[u8] {
+        let Storage::Packed(data) = &self.data else {
+            unreachable!("packed_bytes on F32")
+        };
+        data
+    }
+
     /// Row `r`'s bytes in ggml's layout (K-quants).
     #[inline]
     fn raw_row(&self, r: usize) -> &[u8] {
@@ -592,6 +601,17 @@ impl QMatrix {
 
     /// Computes `rows` for all tokens, a chunk of rows (kept in L1/L2) at a time.
     fn compute_rows(&self, isa: Isa, x: &Activations, out: OutPtr, rows: Range<usize>) {
+        #[cfg(target_arch = "x86_64")]
+        let rows = if isa == Isa::Vnni && x86::zmm::lanes::fits(self.ty, x.n_tokens) {
+            // Whole groups of 16 rows in lanes (prefill), the rest by the tiles below.
+            let whole = rows.start + rows.len() / 16 * 16;
+            // SAFETY: `Isa::Vnni` is only produced after detecting avx2, fma, f16c, avx512f,
+            // avx512bw, avx512vnni and avx512vl.
+            unsafe { x86::zmm::lanes::rows(self, x, out, rows.start..whole) };
+            whole..rows.end
+        } else {
+            rows
+        };
         let row_bytes = if self.ty == WeightType::F32 {
             self.cols * 4
         } else {

@@ -48,78 +48,86 @@ pub(super) fn quant5(row: PackedRow<'_>, b: usize, i: usize) -> u8 {
     nibble(&row.qs[b * 16..(b + 1) * 16], i) | ((((mask >> i) & 1) as u8) << 4)
 }
 
-/// One (row, token) dot product of a Q4_0 / Q4_1 / Q5_0 / Q5_1 row with quantized activations.
-/// Q5 rows follow the same order, with the 5-bit quant in place of the nibble and
+/// One (row, token) dot product of a Q4_0 / Q4_1 / Q5_0 / Q5_1 row with quantized activations:
+/// block `b` goes to lane `b % 8`, first its offset term `mw · s`, then its whole integer dot
+/// `L = Σ q·x` times `dw · dx`. Q5 rows use the 5-bit quant in place of the nibble and
 /// `mw = -16·d` for Q5_0.
 pub(super) fn dot_q4(row: PackedRow<'_>, xq: &[i8], xd: &[f32], xs: &[f32], nb: usize) -> f32 {
-    let mut acc = [0f32; 8];
     let (zero, q5) = match row.qh {
         Some(_) => (-16.0, true),
         None => (-8.0, false),
     };
-    for b0 in (0..nb).step_by(8) {
-        let chunk = b0..nb.min(b0 + 8);
-        // The offset term of the chunk's blocks, lane k for block b0 + k.
-        for b in chunk.clone() {
-            let mw = match row.m {
-                Some(m) => f16_at(m, b),
-                None => zero * f16_at(row.d, b),
-            };
-            acc[b - b0] = mw.mul_add(xs[b], acc[b - b0]);
+    let offset = |b: usize| match row.m {
+        Some(m) => f16_at(m, b),
+        None => zero * f16_at(row.d, b),
+    };
+    let quant = |b: usize, i: usize| {
+        if q5 {
+            quant5(row, b, i)
+        } else {
+            nibble(&row.qs[b * 16..(b + 1) * 16], i)
         }
-        for b in chunk {
-            let scale = f16_at(row.d, b) * xd[b];
-            let qs = &row.qs[b * 16..(b + 1) * 16];
-            let xb = &xq[b * QK..(b + 1) * QK];
-            for (k, a) in acc.iter_mut().enumerate() {
-                let q = |i: usize| {
-                    if q5 {
-                        quant5(row, b, i)
-                    } else {
-                        nibble(qs, i)
-                    }
-                };
-                let l: i32 = (4 * k..4 * k + 4).map(|i| q(i) as i32 * xb[i] as i32).sum();
-                *a = (l as f32).mul_add(scale, *a);
-            }
+    };
+    block_dots(
+        nb,
+        xq,
+        xd,
+        |b| f16_at(row.d, b),
+        Some((&offset, xs)),
+        |b, i| quant(b, i) as i32,
+    )
+}
+
+/// A format's offset term: `mw(b)` and the activations' `s = dx · Σq` per block.
+type Offset<'a> = Option<(&'a dyn Fn(usize) -> f32, &'a [f32])>;
+
+/// The lane order every 32-element block format shares (see the module docs of `kernels`):
+/// for each block `b` in order, lane `b % 8` adds the offset term `mw(b) · xs[b]` (formats
+/// that have one), then `L_b · (dw(b) · xd[b])` with `L_b = Σ_i qw(b, i) · xq[32b + i]` exact.
+fn block_dots(
+    nb: usize,
+    xq: &[i8],
+    xd: &[f32],
+    dw: impl Fn(usize) -> f32,
+    offset: Offset<'_>,
+    qw: impl Fn(usize, usize) -> i32,
+) -> f32 {
+    let mut acc = [0f32; 8];
+    for b in 0..nb {
+        let a = &mut acc[b % 8];
+        if let Some((mw, xs)) = &offset {
+            *a = mw(b).mul_add(xs[b], *a);
         }
+        let xb = &xq[b * QK..(b + 1) * QK];
+        let l: i32 = (0..QK).map(|i| qw(b, i) * xb[i] as i32).sum();
+        *a = (l as f32).mul_add(dw(b) * xd[b], *a);
     }
     hsum(&acc)
 }
 
 /// One (row, token) dot product of a Q8_0 row with quantized activations.
 pub(super) fn dot_q8(row: PackedRow<'_>, xq: &[i8], xd: &[f32], nb: usize) -> f32 {
-    let mut acc = [0f32; 8];
-    for b in 0..nb {
-        let scale = f16_at(row.d, b) * xd[b];
-        let qs = &row.qs[b * 32..(b + 1) * 32];
-        let xb = &xq[b * QK..(b + 1) * QK];
-        for (k, a) in acc.iter_mut().enumerate() {
-            let l: i32 = (4 * k..4 * k + 4)
-                .map(|i| (qs[i] as i8) as i32 * xb[i] as i32)
-                .sum();
-            *a = (l as f32).mul_add(scale, *a);
-        }
-    }
-    hsum(&acc)
+    block_dots(
+        nb,
+        xq,
+        xd,
+        |b| f16_at(row.d, b),
+        None,
+        |b, i| (row.qs[b * 32 + i] as i8) as i32,
+    )
 }
 
 /// One (row, token) dot product of an IQ4_NL row with quantized activations: as Q8_0, with the
 /// table value of each nibble as the weight quant.
 pub(super) fn dot_iq4nl(row: PackedRow<'_>, xq: &[i8], xd: &[f32], nb: usize) -> f32 {
-    let mut acc = [0f32; 8];
-    for b in 0..nb {
-        let scale = f16_at(row.d, b) * xd[b];
-        let qs = &row.qs[b * 16..(b + 1) * 16];
-        let xb = &xq[b * QK..(b + 1) * QK];
-        for (k, a) in acc.iter_mut().enumerate() {
-            let l: i32 = (4 * k..4 * k + 4)
-                .map(|i| IQ4NL_VALUES[nibble(qs, i) as usize] as i32 * xb[i] as i32)
-                .sum();
-            *a = (l as f32).mul_add(scale, *a);
-        }
-    }
-    hsum(&acc)
+    block_dots(
+        nb,
+        xq,
+        xd,
+        |b| f16_at(row.d, b),
+        None,
+        |b, i| IQ4NL_VALUES[nibble(&row.qs[b * 16..(b + 1) * 16], i) as usize] as i32,
+    )
 }
 
 /// One (row, token) dot product of f32 rows.

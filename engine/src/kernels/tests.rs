@@ -217,6 +217,9 @@ fn every_format_and_backend_matches_the_reference() {
         for (rows, cols) in [(37, 96), (13, 576), (9, 1536), (5, 64)] {
             check_against_reference(ty, rows, cols, 5, 0x9e37 + rows as u64);
         }
+        // A prefill-sized batch (the rows-in-lanes kernel on VNNI, 16-row groups plus leftover
+        // rows, 8-token tiles plus leftover tokens).
+        check_against_reference(ty, 37, 576, 43, 0x51 + ty as u64);
     }
     // F32 with widths that are not multiples of 8 or 32.
     check_against_reference(WeightType::F32, 11, 13, 6, 7);

@@ -76,6 +76,21 @@ fn hsum4(a: __m256, b: __m256, c: __m256, d: __m256) -> [f32; 4] {
     v
 }
 
+/// Lane `j` of the result is the sum of the eight lanes of `l[j]`: the whole-block integer dots
+/// of eight blocks, one block per lane, from their per-lane partial sums (exact, so the order of
+/// the additions does not matter).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn block_sums(l: &[__m256i; 8]) -> __m256i {
+    let a = _mm256_hadd_epi32(_mm256_hadd_epi32(l[0], l[1]), _mm256_hadd_epi32(l[2], l[3]));
+    let b = _mm256_hadd_epi32(_mm256_hadd_epi32(l[4], l[5]), _mm256_hadd_epi32(l[6], l[7]));
+    // a = [l0..l3 over lanes 0..4 | l0..l3 over lanes 4..8], b likewise for l4..l7.
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(a, b),
+        _mm256_permute2x128_si256::<0x31>(a, b),
+    )
+}
+
 /// Reduces and writes the accumulators of rows `r0..r0 + R` × tokens `t0..t0 + T`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
@@ -240,8 +255,9 @@ macro_rules! backend {
 
             use super::super::{Activations, Cells, OutPtr, QMatrix, WeightType};
             use super::{
-                chunk_scales, expand_qh, finish, iq4nl_table, kquant, load_f16x8, offset_weights,
-                packed_rows, row_tiles, unpack_q4, Prefetch, Tokens, BYTES, NIBBLES, TABLE,
+                block_sums, chunk_scales, expand_qh, finish, iq4nl_table, kquant, load_f16x8,
+                offset_weights, packed_rows, row_tiles, unpack_q4, Prefetch, Tokens, BYTES,
+                NIBBLES, TABLE,
             };
             use super::{$dot, $q8dot, $q8prep};
 
@@ -276,10 +292,9 @@ macro_rules! backend {
                             }
                         }
                     }
-                    let mut sc = chunk_scales(&rows, tok, b0, nb);
-                    // Keep the scales in memory so that they are broadcast by loads (free, or
-                    // folded into the FMA) rather than by register shuffles.
-                    std::hint::black_box(&mut sc);
+                    let sc = chunk_scales(&rows, tok, b0, nb);
+                    // Per (row, token), the per-lane partial dots of each block of the chunk.
+                    let mut l = [[[_mm256_setzero_si256(); 8]; T]; R];
                     for j in 0..(nb - b0).min(8) {
                         let b = b0 + j;
                         pf.block(b);
@@ -306,15 +321,22 @@ macro_rules! backend {
                         for t in 0..T {
                             let xv = tok.xq32(t, b);
                             for r in 0..R {
-                                let l = if F == NIBBLES {
+                                l[r][t][j] = if F == NIBBLES {
                                     $dot(w[r].0, xv)
                                 } else {
                                     $q8dot(w[r], xv)
                                 };
-                                let l = _mm256_cvtepi32_ps(l);
-                                let s = _mm256_broadcast_ss(&sc[r][t][j]);
-                                acc[r][t] = _mm256_fmadd_ps(l, s, acc[r][t]);
                             }
+                        }
+                    }
+                    // Lane j: block b0 + j's whole dot (zero past `nb`, where the scale is
+                    // zero too).
+                    for r in 0..R {
+                        for t in 0..T {
+                            let l = _mm256_cvtepi32_ps(block_sums(&l[r][t]));
+                            // SAFETY: `sc[r][t]` is 8 readable f32s; unaligned load.
+                            let s = unsafe { _mm256_loadu_ps(sc[r][t].as_ptr()) };
+                            acc[r][t] = _mm256_fmadd_ps(l, s, acc[r][t]);
                         }
                     }
                     b0 += 8;

@@ -20,6 +20,7 @@ use std::ops::Range;
 
 use super::super::{Activations, Cells, OutPtr, QMatrix, WeightType};
 mod kquant;
+pub(in crate::kernels) mod lanes;
 mod reduce;
 
 use super::{expand_qh, finish, offset_weights, packed_rows, row_tiles, unpack_q4, Prefetch, QK};
@@ -225,8 +226,9 @@ fn tile_q<const R: usize, const T: usize, const TP: usize, const Q8: bool>(
             }
             chunk_scales::<TP>(dup_ps(d), x, b0, &mut sc[r]);
         }
-        // Keep the scales in memory so that they are broadcast by loads.
-        std::hint::black_box(&mut sc);
+        // Per (row, pair), the per-lane partial dots of each block of the chunk.
+        let mut l = [[[zero; 8]; TP]; R];
+        #[allow(clippy::needless_range_loop)]
         for j in 0..(nb - b0).min(8) {
             let b = b0 + j;
             pf.block(b);
@@ -257,14 +259,22 @@ fn tile_q<const R: usize, const T: usize, const TP: usize, const Q8: bool>(
                 // nibbles.
                 let xv = if Q8 { x.xu(p, b) } else { x.xq(p, b) };
                 for r in 0..R {
-                    let l = if Q8 {
+                    l[r][p][j] = if Q8 {
                         _mm512_dpbusd_epi32(w[r].1, xv, w[r].0)
                     } else {
                         _mm512_dpbusd_epi32(w[r].1, w[r].0, xv)
                     };
-                    let l = _mm512_cvtepi32_ps(l);
-                    acc[r][p] = _mm512_fmadd_ps(l, pair_scale(&sc[r][p], j), acc[r][p]);
                 }
+            }
+        }
+        // Lanes 2j, 2j + 1: block b0 + j's whole dots (zero past `nb`, where the scales are
+        // zero too).
+        for r in 0..R {
+            for p in 0..TP {
+                let l = _mm512_cvtepi32_ps(reduce::block_sums(&l[r][p]));
+                // SAFETY: `sc[r][p]` is 16 readable f32s; unaligned load.
+                let s = unsafe { _mm512_loadu_ps(sc[r][p].as_ptr()) };
+                acc[r][p] = _mm512_fmadd_ps(l, s, acc[r][p]);
             }
         }
         b0 += 8;

@@ -43,6 +43,31 @@ fn reduce8(a: [__m512; 8]) -> __m512 {
     pairs_of_quads(x, y)
 }
 
+/// The integer counterpart of [`reduce8`] for the per-lane partial dots of eight blocks
+/// `l[0..8]` of a token pair: lane `2j + s` of the result is block `j`'s whole dot for token
+/// `t + s`, the layout of the accumulators. Integer sums are exact, so only the lanes that are
+/// added matter, not the order.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) fn block_sums(l: &[__m512i; 8]) -> __m512i {
+    let lanes = |a: __m512i, b: __m512i| {
+        let (a, b) = (_mm512_castsi512_ps(a), _mm512_castsi512_ps(b));
+        _mm512_add_epi32(
+            _mm512_castps_si512(_mm512_shuffle_ps::<0x44>(a, b)),
+            _mm512_castps_si512(_mm512_shuffle_ps::<0xEE>(a, b)),
+        )
+    };
+    let quads = |x: __m512i, y: __m512i| {
+        _mm512_add_epi32(
+            _mm512_shuffle_i32x4::<0x88>(x, y),
+            _mm512_shuffle_i32x4::<0xDD>(x, y),
+        )
+    };
+    let x = quads(lanes(l[0], l[1]), lanes(l[2], l[3]));
+    let y = quads(lanes(l[4], l[5]), lanes(l[6], l[7]));
+    quads(x, y)
+}
+
 /// Writes the tile of rows `r0..r0 + R` × tokens `t0..t0 + 2·TP` (`R` is 2 or 4 and `R·TP` a
 /// multiple of 8).
 #[target_feature(enable = "avx512f")]

@@ -1,0 +1,378 @@
+//! Rows in lanes: the prefill kernel of the formats with unsigned 4/5-bit quants (Q4_0, Q4_1,
+//! Q5_0, Q5_1) on AVX512-VNNI.
+//!
+//! The token-pair tiles keep one row's block in a register and put tokens in the lanes, so
+//! every (row, token) pair ends each block with eight per-lane partial sums to add up before
+//! the block's float work. Here a group of 16 rows is first repacked, once per matmul, so that
+//! vector `j` of block `b` holds elements `4j..4j + 3` of that block for each of the 16 rows
+//! (one row per 32-bit lane). A `vpdpbusd` with the token's matching 4 activations broadcast
+//! then adds four products to each row, eight of them give each lane its row's whole block dot,
+//! and the float work of `scalar::dot_q4` (offset FMA, scale, dot FMA of lane `b % 8`) is done
+//! for 16 rows by one instruction each. Per (16 rows, block, token) that is 8 `vpdpbusd`, an
+//! add, a convert, a multiply and two FMAs; the repacking (unpack, fifth bits, a 16 × 8
+//! transpose) is paid once per group and block for all the tokens of the batch, so the kernel
+//! is used from [`MIN_TOKENS`] tokens on.
+//!
+//! Lane `k` of the scalar reference is a separate accumulator per token here: the blocks
+//! `k, k + 8, …` are taken in order, then `hsum`'s tree adds the eight accumulators, so every
+//! (row, token) result is bit-identical to the other backends.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::super::super::scalar::IQ4NL_VALUES;
+use super::super::super::{Activations, OutPtr, QMatrix, WeightType, QK};
+use super::super::packed_rows;
+
+/// The smallest batch that uses this kernel (below it the repacking does not pay).
+pub(in crate::kernels) const MIN_TOKENS: usize = 4;
+
+/// Rows per group: one per 32-bit lane of a 512-bit register.
+const G: usize = 16;
+
+/// Tokens computed together (their accumulators and the block's weights stay in registers).
+const T: usize = 8;
+
+/// Whether [`rows`] computes a matrix of type `ty` for a batch of `n` tokens.
+pub(in crate::kernels) fn fits(ty: WeightType, n: usize) -> bool {
+    n >= MIN_TOKENS
+        && matches!(
+            ty,
+            WeightType::Q4_0
+                | WeightType::Q4_1
+                | WeightType::Q5_0
+                | WeightType::Q5_1
+                | WeightType::Q8_0
+                | WeightType::IQ4_NL
+        )
+}
+
+/// One group of 16 rows, repacked: per block `b`, `w[8b + j]` lane `r` = elements `4j..4j + 3`
+/// of row `r` (quants, fifth bit included), `dw[b]` / `mw[b]` lane `r` = that row's scale and
+/// offset weight.
+struct Group {
+    w: Vec<__m512i>,
+    dw: Vec<__m512>,
+    mw: Vec<__m512>,
+}
+
+/// Entry `v`: `0x10` in byte `p` for each bit `p` set in `v` (four fifth bits → their bytes).
+const FIFTH: [i32; 16] = {
+    let mut t = [0i32; 16];
+    let mut v = 0;
+    while v < 16 {
+        let mut p = 0;
+        while p < 4 {
+            t[v] |= (((v >> p) & 1) as i32) << (8 * p + 4);
+            p += 1;
+        }
+        v += 1;
+    }
+    t
+};
+
+/// Per 32-bit lane `r`, the four fifth bits `4j..4j + 3` of `qh` lane `r` as `0x10` in the byte
+/// they belong to (a table lookup on the four bits).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn fifth_bits(qh: __m512i, j: u32) -> __m512i {
+    // SAFETY: 16 readable i32s; unaligned load.
+    let table = unsafe { _mm512_loadu_si512(FIFTH.as_ptr().cast()) };
+    let nib = _mm512_and_si512(
+        _mm512_srlv_epi32(qh, _mm512_set1_epi32(4 * j as i32)),
+        _mm512_set1_epi32(15),
+    );
+    _mm512_permutexvar_epi32(nib, table)
+}
+
+/// The 32-bit values at byte `at` of rows `r0..r0 + 16` of a packed matrix.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn gather(m: &QMatrix, r0: usize, at: usize) -> __m512i {
+    let base = m.packed_row(r0).d.as_ptr();
+    let stride = m.row_bytes;
+    assert!(at + 4 <= stride && (r0 + G) * stride <= m.rows * stride && G * stride < 1 << 31);
+    let idx = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(stride as i32),
+    );
+    let idx = _mm512_add_epi32(idx, _mm512_set1_epi32(at as i32));
+    // SAFETY: rows `r0..r0 + 16` are whole rows of the matrix (`stride` bytes each, contiguous
+    // from `base`), and each lane reads 4 bytes at `at + 4 <= stride` into its row.
+    unsafe { _mm512_i32gather_epi32::<1>(idx, base.cast()) }
+}
+
+/// The 16 bytes at `off` of the quants of 16 rows, as `p[j]` lane `r` = bytes `off + 4j..off +
+/// 4j + 3` of row `r`.
+#[target_feature(enable = "avx2,avx512f")]
+#[inline]
+fn quads(qs: &[*const u8; G], off: usize) -> [__m512i; 4] {
+    let ld = |r: usize| {
+        // SAFETY: callers pass `off` inside each row's quants (`packed_rows` checked their
+        // length); unaligned load.
+        unsafe { _mm_loadu_si128(qs[r].add(off).cast()) }
+    };
+    // v[q] holds rows q, 4 + q, 8 + q, 12 + q in its 128-bit lanes, so that a 4 × 4 transpose of
+    // 32-bit elements in each 128-bit lane leaves the rows in order.
+    let mut v = [_mm512_setzero_si512(); 4];
+    for (q, v) in v.iter_mut().enumerate() {
+        let lo = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(ld(q)), ld(4 + q));
+        let hi = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(ld(8 + q)), ld(12 + q));
+        *v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+    }
+    let t0 = _mm512_unpacklo_epi32(v[0], v[1]);
+    let t1 = _mm512_unpackhi_epi32(v[0], v[1]);
+    let t2 = _mm512_unpacklo_epi32(v[2], v[3]);
+    let t3 = _mm512_unpackhi_epi32(v[2], v[3]);
+    [
+        _mm512_unpacklo_epi64(t0, t2),
+        _mm512_unpackhi_epi64(t0, t2),
+        _mm512_unpacklo_epi64(t1, t3),
+        _mm512_unpackhi_epi64(t1, t3),
+    ]
+}
+
+impl Group {
+    #[target_feature(enable = "avx512f")]
+    fn new(nb: usize) -> Self {
+        Group {
+            w: vec![_mm512_setzero_si512(); 8 * nb],
+            dw: vec![_mm512_setzero_ps(); nb],
+            mw: vec![_mm512_setzero_ps(); nb],
+        }
+    }
+
+    /// Repacks rows `r0..r0 + 16` of `m`.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
+    fn fill(&mut self, m: &QMatrix, r0: usize) {
+        let (rows, qs) = packed_rows::<G>(m, r0);
+        let zero = if rows[0].qh.is_some() { -16.0 } else { -8.0 };
+        let low = _mm512_set1_epi8(15);
+        let flip = _mm512_set1_epi8(-128);
+        // IQ4_NL's table plus 128, in every 128-bit lane.
+        let mut table = [0u8; 16];
+        for (t, v) in table.iter_mut().zip(IQ4NL_VALUES) {
+            *t = (v as u8) ^ 0x80;
+        }
+        // SAFETY: 16 readable bytes; unaligned load.
+        let table = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(table.as_ptr().cast()) });
+        for b in 0..m.nb {
+            let w = &mut self.w[8 * b..8 * b + 8];
+            if m.ty == WeightType::Q8_0 {
+                // Signed bytes, stored plus 128 (the unsigned operand of `vpdpbusd`).
+                let (p, q) = (quads(&qs, 32 * b), quads(&qs, 32 * b + 16));
+                for j in 0..4 {
+                    w[j] = _mm512_xor_si512(p[j], flip);
+                    w[4 + j] = _mm512_xor_si512(q[j], flip);
+                }
+            } else {
+                // Low nibbles are elements 4j.., high nibbles elements 16 + 4j.. (vector j + 4).
+                let p = quads(&qs, 16 * b);
+                for j in 0..4 {
+                    w[j] = _mm512_and_si512(p[j], low);
+                    w[4 + j] = _mm512_and_si512(_mm512_srli_epi16::<4>(p[j]), low);
+                }
+                if m.ty == WeightType::IQ4_NL {
+                    for w in w.iter_mut() {
+                        *w = _mm512_shuffle_epi8(table, *w);
+                    }
+                }
+            }
+            // Scales, offsets and fifth bits of the 16 rows: 32-bit gathers at the rows' stride
+            // (a 16-bit field's gather also reads the next 2 bytes, still inside the row).
+            let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(gather(m, r0, 2 * b)));
+            let mb = match rows[0].m {
+                Some(mb) => {
+                    let at = mb.as_ptr() as usize - rows[0].d.as_ptr() as usize;
+                    _mm512_cvtph_ps(_mm512_cvtepi32_epi16(gather(m, r0, at + 2 * b)))
+                }
+                None => _mm512_setzero_ps(),
+            };
+            if let Some(qh) = rows[0].qh {
+                let at = qh.as_ptr() as usize - rows[0].d.as_ptr() as usize;
+                let qh = gather(m, r0, at + 4 * b);
+                for (j, w) in w.iter_mut().enumerate() {
+                    *w = _mm512_or_si512(*w, fifth_bits(qh, j as u32));
+                }
+            }
+            self.dw[b] = d;
+            self.mw[b] = if rows[0].m.is_some() {
+                mb
+            } else {
+                _mm512_mul_ps(d, _mm512_set1_ps(zero))
+            };
+        }
+    }
+}
+
+/// The dot of block `b`'s 16 rows with token row `xq` (its 32 activations at `32b`).
+///
+/// # Safety
+/// `xq` must point to a token's `32 · nb` activations and `b < nb`.
+#[target_feature(enable = "avx2,avx512f,avx512vnni")]
+#[inline]
+unsafe fn block_dot(w: &[__m512i], xq: *const i8, b: usize) -> __m512i {
+    // SAFETY: the caller guarantees `32 · b + 32 <= 32 · nb` readable bytes; unaligned reads.
+    let x = |j: usize| unsafe {
+        _mm512_set1_epi32(xq.add(QK * b + 4 * j).cast::<i32>().read_unaligned())
+    };
+    let zero = _mm512_setzero_si512();
+    // Two chains of four, for the latency of `vpdpbusd`.
+    let mut p = _mm512_dpbusd_epi32(zero, w[0], x(0));
+    let mut q = _mm512_dpbusd_epi32(zero, w[4], x(4));
+    for j in 1..4 {
+        p = _mm512_dpbusd_epi32(p, w[j], x(j));
+        q = _mm512_dpbusd_epi32(q, w[4 + j], x(4 + j));
+    }
+    _mm512_add_epi32(p, q)
+}
+
+/// One repacked group and what its tokens need: the batch, Q8_0 / IQ4_NL's corrections, the
+/// group's first row and the output.
+struct Pass<'a> {
+    g: &'a Group,
+    m: &'a QMatrix,
+    x: &'a Activations,
+    corr: &'a [i32],
+    r0: usize,
+    out: OutPtr,
+}
+
+/// Tokens `t0..t0 + N` of one repacked group: out rows `r0..r0 + 16`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni")]
+fn tokens<const N: usize, const Q8: bool>(p: &Pass<'_>, next: &[u8], t0: usize) {
+    let Pass {
+        g,
+        m,
+        x,
+        corr,
+        r0,
+        out,
+    } = *p;
+    let nb = m.nb;
+    let mut xq = [std::ptr::null(); N];
+    let (mut xd, mut xs, mut xc) = ([&[][..]; N], [&[][..]; N], [&[][..]; N]);
+    for t in 0..N {
+        let q = x.q_row(t0 + t);
+        assert_eq!(q.len(), QK * nb);
+        xq[t] = q.as_ptr();
+        xd[t] = &x.d_row(t0 + t)[..nb];
+        xs[t] = &x.s_row(t0 + t)[..nb];
+        if Q8 {
+            xc[t] = &corr[(t0 + t) * nb..(t0 + t + 1) * nb];
+        }
+    }
+    let mut lanes = [[_mm512_setzero_ps(); 8]; N];
+    #[allow(clippy::needless_range_loop)]
+    for k in 0..8 {
+        // Decode streams the weights from memory: fetch the next group's bytes, an eighth per
+        // pass, so that the fetches overlap with the arithmetic.
+        for o in (k * next.len() / 8..(k + 1) * next.len() / 8).step_by(64) {
+            // SAFETY: `o < next.len()`; prefetches never fault.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(next.as_ptr().add(o).cast()) };
+        }
+        if k >= nb {
+            continue;
+        }
+        let mut acc = [_mm512_setzero_ps(); N];
+        for b in (k..nb).step_by(8) {
+            let w = &g.w[8 * b..8 * b + 8];
+            for t in 0..N {
+                // SAFETY: `xq[t]` holds `32 · nb` activations (checked above) and `b < nb`.
+                let mut l = unsafe { block_dot(w, xq[t], b) };
+                if Q8 {
+                    // The weights were stored plus 128: take 128 · Σx back off.
+                    l = _mm512_sub_epi32(l, _mm512_set1_epi32(xc[t][b]));
+                } else {
+                    acc[t] = _mm512_fmadd_ps(g.mw[b], _mm512_set1_ps(xs[t][b]), acc[t]);
+                }
+                let sc = _mm512_mul_ps(g.dw[b], _mm512_set1_ps(xd[t][b]));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), sc, acc[t]);
+            }
+        }
+        for t in 0..N {
+            lanes[t][k] = acc[t];
+        }
+    }
+    for (t, l) in lanes.iter().enumerate() {
+        let v = _mm512_add_ps(
+            _mm512_add_ps(_mm512_add_ps(l[0], l[1]), _mm512_add_ps(l[2], l[3])),
+            _mm512_add_ps(_mm512_add_ps(l[4], l[5]), _mm512_add_ps(l[6], l[7])),
+        );
+        let mut o = [0f32; G];
+        // SAFETY: room for 16 f32s; unaligned store.
+        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), v) };
+        out.write_n((t0 + t) * m.rows + r0, o);
+    }
+}
+
+/// Computes `rows` (whole groups of 16) for every token of `x` (see [`fits`]).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+pub(in crate::kernels) fn rows(m: &QMatrix, x: &Activations, out: OutPtr, rows: Range<usize>) {
+    assert!(fits(m.ty, x.n_tokens) && rows.len().is_multiple_of(G));
+    let mut g = Group::new(m.nb);
+    // Q8_0 / IQ4_NL weights are stored plus 128: per token and block, `128 · Σx` to subtract.
+    let signed = matches!(m.ty, WeightType::Q8_0 | WeightType::IQ4_NL);
+    let corr: Vec<i32> = if signed {
+        (0..x.n_tokens)
+            .flat_map(|t| {
+                let q = x.q_row(t);
+                q.chunks(QK)
+                    .map(|b| 128 * b.iter().map(|&v| v as i32).sum::<i32>())
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    for r0 in rows.step_by(G) {
+        g.fill(m, r0);
+        let p = Pass {
+            g: &g,
+            m,
+            x,
+            corr: &corr,
+            r0,
+            out,
+        };
+        if signed {
+            batch::<true>(&p);
+        } else {
+            batch::<false>(&p);
+        }
+    }
+}
+
+/// Every token of `x` for one repacked group, several tokens at once (enough independent
+/// `vpdpbusd` chains in flight).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni")]
+fn batch<const Q8: bool>(p: &Pass<'_>) {
+    let (m, x, r0) = (p.m, p.x, p.r0);
+    // The bytes of the next group's rows, fetched during the first tokens' arithmetic.
+    let (start, end) = (
+        (r0 + G) * m.row_bytes,
+        ((r0 + 2 * G).min(m.rows)) * m.row_bytes,
+    );
+    let mut next = m.packed_bytes().get(start..end).unwrap_or(&[]);
+    let mut t = 0;
+    while t < x.n_tokens {
+        t += match x.n_tokens - t {
+            n if n >= T => {
+                tokens::<T, Q8>(p, next, t);
+                T
+            }
+            n if n >= 4 => {
+                tokens::<4, Q8>(p, next, t);
+                4
+            }
+            n if n >= 2 => {
+                tokens::<2, Q8>(p, next, t);
+                2
+            }
+            _ => {
+                tokens::<1, Q8>(p, next, t);
+                1
+            }
+        };
+        next = &[];
+    }
+}
