@@ -102,24 +102,10 @@ fn gather(m: &QMatrix, r0: usize, at: usize) -> __m512i {
     unsafe { _mm512_i32gather_epi32::<1>(idx, base.cast()) }
 }
 
-/// The 16 bytes at `off` of the quants of 16 rows, as `p[j]` lane `r` = bytes `off + 4j..off +
-/// 4j + 3` of row `r`.
-#[target_feature(enable = "avx2,avx512f")]
+/// A 4 × 4 transpose of 32-bit elements in each 128-bit lane of `v`.
+#[target_feature(enable = "avx512f")]
 #[inline]
-fn quads(qs: &[*const u8; G], off: usize) -> [__m512i; 4] {
-    let ld = |r: usize| {
-        // SAFETY: callers pass `off` inside each row's quants (`packed_rows` checked their
-        // length); unaligned load.
-        unsafe { _mm_loadu_si128(qs[r].add(off).cast()) }
-    };
-    // v[q] holds rows q, 4 + q, 8 + q, 12 + q in its 128-bit lanes, so that a 4 × 4 transpose of
-    // 32-bit elements in each 128-bit lane leaves the rows in order.
-    let mut v = [_mm512_setzero_si512(); 4];
-    for (q, v) in v.iter_mut().enumerate() {
-        let lo = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(ld(q)), ld(4 + q));
-        let hi = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(ld(8 + q)), ld(12 + q));
-        *v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-    }
+fn transpose4(v: [__m512i; 4]) -> [__m512i; 4] {
     let t0 = _mm512_unpacklo_epi32(v[0], v[1]);
     let t1 = _mm512_unpackhi_epi32(v[0], v[1]);
     let t2 = _mm512_unpacklo_epi32(v[2], v[3]);
@@ -130,6 +116,53 @@ fn quads(qs: &[*const u8; G], off: usize) -> [__m512i; 4] {
         _mm512_unpacklo_epi64(t1, t3),
         _mm512_unpackhi_epi64(t1, t3),
     ]
+}
+
+/// The 16 bytes at `off` of the quants of 16 rows, as `p[j]` lane `r` = bytes `off + 4j..off +
+/// 4j + 3` of row `r`.
+#[target_feature(enable = "avx2,avx512f")]
+#[inline]
+fn quads(qs: &[*const u8; G], off: usize) -> [__m512i; 4] {
+    let ld = |r: usize| {
+        // SAFETY: callers pass `off + 16` inside each row's quants (`packed_rows` checked
+        // their length); unaligned load.
+        unsafe { _mm_loadu_si128(qs[r].add(off).cast()) }
+    };
+    // v[q] holds rows q, 4 + q, 8 + q, 12 + q in its 128-bit lanes, so that the transpose in
+    // each 128-bit lane leaves the rows in order.
+    let mut v = [_mm512_setzero_si512(); 4];
+    for (q, v) in v.iter_mut().enumerate() {
+        let lo = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(ld(q)), ld(4 + q));
+        let hi = _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(ld(8 + q)), ld(12 + q));
+        *v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+    }
+    transpose4(v)
+}
+
+/// As [`quads`] for the four 16-byte pieces at `off`, `off + 16`, … at once (one 64-byte load
+/// per row and a transpose of 128-bit lanes instead of sixteen 16-byte loads and inserts).
+#[target_feature(enable = "avx2,avx512f")]
+#[inline]
+fn quads4(qs: &[*const u8; G], off: usize) -> [[__m512i; 4]; 4] {
+    let ld = |r: usize| {
+        // SAFETY: callers pass `off + 64` inside each row's quants (`packed_rows` checked
+        // their length); unaligned load.
+        unsafe { _mm512_loadu_si512(qs[r].add(off).cast()) }
+    };
+    // v[i][q] = piece i of rows q, 4 + q, 8 + q, 12 + q (a 4 × 4 transpose of 128-bit lanes).
+    let mut v = [[_mm512_setzero_si512(); 4]; 4];
+    for q in 0..4 {
+        let (a, b, c, d) = (ld(q), ld(4 + q), ld(8 + q), ld(12 + q));
+        let t0 = _mm512_shuffle_i32x4::<0x44>(a, b);
+        let t1 = _mm512_shuffle_i32x4::<0xEE>(a, b);
+        let t2 = _mm512_shuffle_i32x4::<0x44>(c, d);
+        let t3 = _mm512_shuffle_i32x4::<0xEE>(c, d);
+        v[0][q] = _mm512_shuffle_i32x4::<0x88>(t0, t2);
+        v[1][q] = _mm512_shuffle_i32x4::<0xDD>(t0, t2);
+        v[2][q] = _mm512_shuffle_i32x4::<0x88>(t1, t3);
+        v[3][q] = _mm512_shuffle_i32x4::<0xDD>(t1, t3);
+    }
+    v.map(|v| transpose4(v))
 }
 
 impl Group {
@@ -156,18 +189,20 @@ impl Group {
         }
         // SAFETY: 16 readable bytes; unaligned load.
         let table = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(table.as_ptr().cast()) });
-        for b in 0..m.nb {
-            let w = &mut self.w[8 * b..8 * b + 8];
-            if m.ty == WeightType::Q8_0 {
-                // Signed bytes, stored plus 128 (the unsigned operand of `vpdpbusd`).
-                let (p, q) = (quads(&qs, 32 * b), quads(&qs, 32 * b + 16));
-                for j in 0..4 {
-                    w[j] = _mm512_xor_si512(p[j], flip);
-                    w[4 + j] = _mm512_xor_si512(q[j], flip);
+        // The quants, 16 bytes of every row at a time (64 where the row has them).
+        let q8 = m.ty == WeightType::Q8_0;
+        let total = m.ty.qs_bytes() * m.nb;
+        let mut put = |k: usize, p: [__m512i; 4]| {
+            if q8 {
+                // Half k % 2 of block k / 2: signed bytes, stored plus 128 (the unsigned
+                // operand of `vpdpbusd`).
+                let w = &mut self.w[4 * k..4 * k + 4];
+                for (w, p) in w.iter_mut().zip(p) {
+                    *w = _mm512_xor_si512(p, flip);
                 }
             } else {
-                // Low nibbles are elements 4j.., high nibbles elements 16 + 4j.. (vector j + 4).
-                let p = quads(&qs, 16 * b);
+                // Block k: low nibbles are elements 4j.., high nibbles 16 + 4j.. (vector j + 4).
+                let w = &mut self.w[8 * k..8 * k + 8];
                 for j in 0..4 {
                     w[j] = _mm512_and_si512(p[j], low);
                     w[4 + j] = _mm512_and_si512(_mm512_srli_epi16::<4>(p[j]), low);
@@ -178,6 +213,21 @@ impl Group {
                     }
                 }
             }
+        };
+        let mut off = 0;
+        while off < total {
+            if off + 64 <= total {
+                for (i, p) in quads4(&qs, off).into_iter().enumerate() {
+                    put(off / 16 + i, p);
+                }
+                off += 64;
+            } else {
+                put(off / 16, quads(&qs, off));
+                off += 16;
+            }
+        }
+        for b in 0..m.nb {
+            let w = &mut self.w[8 * b..8 * b + 8];
             // Scales, offsets and fifth bits of the 16 rows: 32-bit gathers at the rows' stride
             // (a 16-bit field's gather also reads the next 2 bytes, still inside the row).
             let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(gather(m, r0, 2 * b)));
