@@ -1,6 +1,6 @@
 //! Worker groups of real processes: a TP=3 decode group of the default model (9 heads, 3 KV
 //! heads; each rank its own `cleave worker --role decode` process holding a third of the heads) generates
-//! the single-process tokens, also with every rank in its own network namespace; a rank dying
+//! exactly the tokens of the same three-way split computed in one process, also with every rank in its own network namespace; a rank dying
 //! inside a collective (the `group.all_reduces` fault point) fails the group fast (aborted
 //! requests, not ready, no blocks held, exit status 1) and a restarted group serves again.
 
@@ -33,9 +33,9 @@ fn prompts(l: &Loaded) -> Vec<Vec<u32>> {
     .collect()
 }
 
-/// Greedy tokens of the single-process engine.
+/// Greedy tokens of the model split three ways in one process (`support::split_tokens`).
 async fn reference() -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
-    support::single_process_tokens(prompts, N).await
+    support::split_tokens(prompts, N, 3)
 }
 
 async fn check_tokens(group: &Group, prompts: &[Vec<u32>], want: &[Vec<u32>]) {
@@ -45,8 +45,16 @@ async fn check_tokens(group: &Group, prompts: &[Vec<u32>], want: &[Vec<u32>]) {
         generate(&endpoint, &prompts[0], N as u32),
         generate(&endpoint, &prompts[1], N as u32)
     );
-    assert_eq!(a.unwrap(), want[0], "TP=3 vs one process, prompt 0");
-    assert_eq!(b.unwrap(), want[1], "TP=3 vs one process, prompt 1");
+    assert_eq!(
+        a.unwrap(),
+        want[0],
+        "TP=3 group vs the same split in one process, prompt 0"
+    );
+    assert_eq!(
+        b.unwrap(),
+        want[1],
+        "TP=3 group vs the same split in one process, prompt 1"
+    );
 }
 
 fn loopback(n: usize) -> (Vec<Vec<String>>, Vec<String>) {

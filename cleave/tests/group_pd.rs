@@ -1,7 +1,7 @@
 //! Disaggregated prefill/decode between two tensor-parallel groups of real processes: a TP=3
 //! `cleave worker --role prefill` group writes each rank's KV heads straight into the matching rank of a TP=3
 //! `cleave worker --role decode` group (rank to rank, over TCP), and the decode group then generates the
-//! single-process greedy tokens — also with all six ranks on separate "hosts" (network
+//! greedy tokens of the same three-way split computed in one process — also with all six ranks on separate "hosts" (network
 //! namespaces). A prefill group asked to write into a group of another size
 //! refuses with a clear error.
 
@@ -32,9 +32,9 @@ fn prompts(l: &Loaded) -> Vec<Vec<u32>> {
     ]
 }
 
-/// Greedy tokens of the single-process engine.
+/// Greedy tokens of the model split three ways in one process (`support::split_tokens`).
 async fn reference() -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
-    support::single_process_tokens(prompts, N).await
+    support::split_tokens(prompts, N, 3)
 }
 
 /// Waits until the metric reads `want` (gauges are published asynchronously).
@@ -100,7 +100,7 @@ async fn rank_to_rank(transport: &str, ns: Option<&Netns>) {
         let got = generate_via(&d, &p, prompt, N as u32).await.unwrap();
         assert_eq!(
             got, want[i],
-            "{transport}: P/D TP=3 vs one process, prompt {i}"
+            "{transport}: P/D TP=3 vs the same split in one process, prompt {i}"
         );
     }
     let http = decode.http();

@@ -11,6 +11,7 @@ mod gguf_moe;
 pub mod hf;
 pub mod moe;
 pub mod ops;
+pub mod reference;
 pub mod score;
 pub mod weights;
 

@@ -10,11 +10,10 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use cleave_engine::engine::{token_ids, Engine, EngineConfig, GenerateRequest};
-use cleave_engine::gguf::default_model_path;
+use cleave_engine::gguf::{default_model_path, GgufFile};
 use cleave_engine::kernels::Threads;
 use cleave_engine::load::Loaded;
-use cleave_engine::sample::SamplingParams;
+use cleave_engine::model::reference::greedy_split;
 use cleave_proto::v1 as pb;
 use cleave_proto::v1::decode_worker_client::DecodeWorkerClient;
 
@@ -406,27 +405,22 @@ impl Drop for Netns {
     }
 }
 
-/// Greedy tokens (`n` per prompt) of the single-process engine of the default model, with the
-/// prompts `prompts` makes from its tokenizer: what every group test compares against.
-pub async fn single_process_tokens(
+/// Greedy tokens (`n` per prompt) of the default model split over `world` ranks in one
+/// process (`greedy_split`), with the prompts `prompts` makes from its tokenizer: what every
+/// group test of that size compares against. All collectives add in rank order, so a group of
+/// processes computes exactly this; one unsplit process is not an exact reference (row-parallel
+/// sums in another order differ in the last bits, which flips greedy near-ties).
+pub fn split_tokens(
     prompts: fn(&Loaded) -> Vec<Vec<u32>>,
     n: usize,
+    world: usize,
 ) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
     let l = Loaded::open(&default_model_path(), Threads::single()).unwrap();
-    let e = Engine::start(
-        l.model.clone(),
-        l.tokenizer.clone(),
-        EngineConfig::default(),
-    );
-    let mut want = Vec::new();
-    for p in prompts(&l) {
-        let params = SamplingParams {
-            max_tokens: n,
-            ignore_eos: true,
-            ..Default::default()
-        };
-        let (_, rx) = e.submit(GenerateRequest::new(p, params)).unwrap();
-        want.push(token_ids(rx).await.0);
-    }
-    (prompts(&l), want)
+    let g = GgufFile::open(&default_model_path()).unwrap();
+    let prompts = prompts(&l);
+    let want = prompts
+        .iter()
+        .map(|p| greedy_split(&g, world, p, n))
+        .collect();
+    (prompts, want)
 }

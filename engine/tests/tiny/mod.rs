@@ -44,33 +44,7 @@ pub fn all_logits(model: &Model, tokens: &[u32]) -> Vec<f32> {
     ws.logits.clone()
 }
 
-/// Greedy decoding: prefill `prompt`, then `n` one-token steps through the KV cache. Returns
-/// the generated tokens and the logits each was picked from.
-pub fn greedy(model: &Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let total = prompt.len() + n;
-    let nb = total.div_ceil(16);
-    let mut cache = cache_for(model, nb);
-    let blocks: Vec<BlockId> = (0..nb as u32).map(BlockId).collect();
-    let mut ws = Workspace::new();
-    let (mut out, mut rows) = (Vec::new(), Vec::new());
-    let mut seq = prompt.to_vec();
-    let mut start = 0;
-    while out.len() < n {
-        let chunk = SeqChunk {
-            tokens: &seq[start..],
-            start_pos: start,
-            blocks: &blocks,
-            logits: Logits::Last,
-        };
-        model.forward(&[chunk], &mut cache, &mut ws).unwrap();
-        let next = cleave_engine::sample::argmax(&ws.logits);
-        rows.push(ws.logits.clone());
-        start = seq.len();
-        seq.push(next);
-        out.push(next);
-    }
-    (out, rows)
-}
+pub use cleave_engine::model::reference::greedy;
 
 /// Largest absolute difference, and the largest absolute value of `want`.
 pub fn max_diff(got: &[f32], want: &[f32]) -> (f32, f32) {

@@ -151,6 +151,7 @@ fn quads4(qs: &[*const u8; G], off: usize) -> [[__m512i; 4]; 4] {
     };
     // v[i][q] = piece i of rows q, 4 + q, 8 + q, 12 + q (a 4 × 4 transpose of 128-bit lanes).
     let mut v = [[_mm512_setzero_si512(); 4]; 4];
+    #[allow(clippy::needless_range_loop)]
     for q in 0..4 {
         let (a, b, c, d) = (ld(q), ld(4 + q), ld(8 + q), ld(12 + q));
         let t0 = _mm512_shuffle_i32x4::<0x44>(a, b);
