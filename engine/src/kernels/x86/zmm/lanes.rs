@@ -227,31 +227,41 @@ impl Group {
                 off += 16;
             }
         }
-        for b in 0..m.nb {
-            let w = &mut self.w[8 * b..8 * b + 8];
-            // Scales, offsets and fifth bits of the 16 rows: 32-bit gathers at the rows' stride
-            // (a 16-bit field's gather also reads the next 2 bytes, still inside the row).
-            let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(gather(m, r0, 2 * b)));
-            let mb = match rows[0].m {
-                Some(mb) => {
-                    let at = mb.as_ptr() as usize - rows[0].d.as_ptr() as usize;
-                    _mm512_cvtph_ps(_mm512_cvtepi32_epi16(gather(m, r0, at + 2 * b)))
+        // Scales and offsets of the 16 rows: one 32-bit gather at the rows' stride covers the
+        // 16-bit fields of two blocks (for the last block, the next 2 bytes of the row).
+        let base = rows[0].d.as_ptr() as usize;
+        let halves = |at: usize, b: usize| {
+            let v = gather(m, r0, at + 2 * b);
+            (
+                _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)),
+                _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(v))),
+            )
+        };
+        for b in (0..m.nb).step_by(2) {
+            let d = halves(0, b);
+            let mw = match rows[0].m {
+                Some(mb) => halves(mb.as_ptr() as usize - base, b),
+                None => {
+                    let z = _mm512_set1_ps(zero);
+                    (_mm512_mul_ps(d.0, z), _mm512_mul_ps(d.1, z))
                 }
-                None => _mm512_setzero_ps(),
             };
-            if let Some(qh) = rows[0].qh {
-                let at = qh.as_ptr() as usize - rows[0].d.as_ptr() as usize;
+            self.dw[b] = d.0;
+            self.mw[b] = mw.0;
+            if b + 1 < m.nb {
+                self.dw[b + 1] = d.1;
+                self.mw[b + 1] = mw.1;
+            }
+        }
+        // Fifth bits: a block's 32-bit mask per row.
+        if let Some(qh) = rows[0].qh {
+            let at = qh.as_ptr() as usize - base;
+            for b in 0..m.nb {
                 let qh = gather(m, r0, at + 4 * b);
-                for (j, w) in w.iter_mut().enumerate() {
+                for (j, w) in self.w[8 * b..8 * b + 8].iter_mut().enumerate() {
                     *w = _mm512_or_si512(*w, fifth_bits(qh, j as u32));
                 }
             }
-            self.dw[b] = d;
-            self.mw[b] = if rows[0].m.is_some() {
-                mb
-            } else {
-                _mm512_mul_ps(d, _mm512_set1_ps(zero))
-            };
         }
     }
 }
