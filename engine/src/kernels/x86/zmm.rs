@@ -10,10 +10,12 @@
 //! (row, token, block) roughly doubles the throughput of the 4×4 256-bit tile on Zen 4, whose
 //! front end / vector pipes are the limit.
 //!
-//! Per block, a tile spends three vector ops per (row, pair) — `vpdpbusd`, `vcvtdq2ps`, FMA —
-//! and three per row to prepare the weights (unpack or Q8 offset, `vpermd`); the activations
-//! are plain loads. So tiles wide in tokens (2 rows × 16 tokens for batches of 16) spend the
-//! fewest ops per product.
+//! Per block, a K-quant tile spends three vector ops per (row, pair) — `vpdpbusd`,
+//! `vcvtdq2ps`, FMA — and three per row to prepare the weights; the activations are plain
+//! loads. So tiles wide in tokens (2 rows × 16 tokens for batches of 16) spend the fewest ops
+//! per product. The 32-element block formats go through `lanes.rs` on whole groups of 16 rows;
+//! their tile here (leftover rows) keeps each block's `vpdpbusd` lanes and reduces eight blocks
+//! at once to whole-block sums (`reduce::block_sums`) before one convert and FMA.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
