@@ -68,14 +68,9 @@ pub(super) fn dot_q4(row: PackedRow<'_>, xq: &[i8], xd: &[f32], xs: &[f32], nb: 
             nibble(&row.qs[b * 16..(b + 1) * 16], i)
         }
     };
-    block_dots(
-        nb,
-        xq,
-        xd,
-        |b| f16_at(row.d, b),
-        Some((&offset, xs)),
-        |b, i| quant(b, i) as i32,
-    )
+    block_dots(row, xq, xd, nb, Some((&offset, xs)), |b, i| {
+        quant(b, i) as i32
+    })
 }
 
 /// A format's offset term: `mw(b)` and the activations' `s = dx · Σq` per block.
@@ -83,12 +78,12 @@ type Offset<'a> = Option<(&'a dyn Fn(usize) -> f32, &'a [f32])>;
 
 /// The lane order every 32-element block format shares (see the module docs of `kernels`):
 /// for each block `b` in order, lane `b % 8` adds the offset term `mw(b) · xs[b]` (formats
-/// that have one), then `L_b · (dw(b) · xd[b])` with `L_b = Σ_i qw(b, i) · xq[32b + i]` exact.
+/// that have one), then `L_b · (d_b · xd[b])` (`d_b` the row's block scale) with `L_b = Σ_i qw(b, i) · xq[32b + i]` exact.
 fn block_dots(
-    nb: usize,
+    row: PackedRow<'_>,
     xq: &[i8],
     xd: &[f32],
-    dw: impl Fn(usize) -> f32,
+    nb: usize,
     offset: Offset<'_>,
     qw: impl Fn(usize, usize) -> i32,
 ) -> f32 {
@@ -100,34 +95,22 @@ fn block_dots(
         }
         let xb = &xq[b * QK..(b + 1) * QK];
         let l: i32 = (0..QK).map(|i| qw(b, i) * xb[i] as i32).sum();
-        *a = (l as f32).mul_add(dw(b) * xd[b], *a);
+        *a = (l as f32).mul_add(f16_at(row.d, b) * xd[b], *a);
     }
     hsum(&acc)
 }
 
 /// One (row, token) dot product of a Q8_0 row with quantized activations.
 pub(super) fn dot_q8(row: PackedRow<'_>, xq: &[i8], xd: &[f32], nb: usize) -> f32 {
-    block_dots(
-        nb,
-        xq,
-        xd,
-        |b| f16_at(row.d, b),
-        None,
-        |b, i| (row.qs[b * 32 + i] as i8) as i32,
-    )
+    let q = |b: usize, i: usize| (row.qs[b * 32 + i] as i8) as i32;
+    block_dots(row, xq, xd, nb, None, q)
 }
 
 /// One (row, token) dot product of an IQ4_NL row with quantized activations: as Q8_0, with the
 /// table value of each nibble as the weight quant.
 pub(super) fn dot_iq4nl(row: PackedRow<'_>, xq: &[i8], xd: &[f32], nb: usize) -> f32 {
-    block_dots(
-        nb,
-        xq,
-        xd,
-        |b| f16_at(row.d, b),
-        None,
-        |b, i| IQ4NL_VALUES[nibble(&row.qs[b * 16..(b + 1) * 16], i) as usize] as i32,
-    )
+    let q = |b: usize, i: usize| IQ4NL_VALUES[nibble(&row.qs[b * 16..(b + 1) * 16], i) as usize];
+    block_dots(row, xq, xd, nb, None, |b, i| q(b, i) as i32)
 }
 
 /// One (row, token) dot product of f32 rows.

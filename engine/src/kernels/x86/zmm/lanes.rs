@@ -37,15 +37,8 @@ const T: usize = 8;
 /// Whether [`rows`] computes a matrix of type `ty` (any batch: measured against the tiles on a
 /// Sapphire Rapids core, it is ahead from one token on except at 4, where it loses ~10%).
 pub(in crate::kernels) fn fits(ty: WeightType) -> bool {
-    matches!(
-        ty,
-        WeightType::Q4_0
-            | WeightType::Q4_1
-            | WeightType::Q5_0
-            | WeightType::Q5_1
-            | WeightType::Q8_0
-            | WeightType::IQ4_NL
-    )
+    // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL.
+    ty.is_quantized() && !ty.is_k()
 }
 
 /// One group of 16 rows, repacked: per block `b`, `w[8b + j]` lane `r` = elements `4j..4j + 3`
