@@ -62,15 +62,14 @@ pub(super) fn dot_q4(row: PackedRow<'_>, xq: &[i8], xd: &[f32], xs: &[f32], nb: 
         None => zero * f16_at(row.d, b),
     };
     let quant = |b: usize, i: usize| {
-        if q5 {
+        let q = if q5 {
             quant5(row, b, i)
         } else {
             nibble(&row.qs[b * 16..(b + 1) * 16], i)
-        }
+        };
+        q as i32
     };
-    block_dots(row, xq, xd, nb, Some((&offset, xs)), |b, i| {
-        quant(b, i) as i32
-    })
+    block_dots(row, xq, xd, nb, Some((&offset, xs)), quant)
 }
 
 /// A format's offset term: `mw(b)` and the activations' `s = dx · Σq` per block.
@@ -78,7 +77,8 @@ type Offset<'a> = Option<(&'a dyn Fn(usize) -> f32, &'a [f32])>;
 
 /// The lane order every 32-element block format shares (see the module docs of `kernels`):
 /// for each block `b` in order, lane `b % 8` adds the offset term `mw(b) · xs[b]` (formats
-/// that have one), then `L_b · (d_b · xd[b])` (`d_b` the row's block scale) with `L_b = Σ_i qw(b, i) · xq[32b + i]` exact.
+/// that have one), then `L_b · (d_b · xd[b])`, with `d_b` the row's block scale and the exact
+/// `L_b = Σ_i qw(b, i) · xq[32b + i]`.
 fn block_dots(
     row: PackedRow<'_>,
     xq: &[i8],
@@ -109,8 +109,9 @@ pub(super) fn dot_q8(row: PackedRow<'_>, xq: &[i8], xd: &[f32], nb: usize) -> f3
 /// One (row, token) dot product of an IQ4_NL row with quantized activations: as Q8_0, with the
 /// table value of each nibble as the weight quant.
 pub(super) fn dot_iq4nl(row: PackedRow<'_>, xq: &[i8], xd: &[f32], nb: usize) -> f32 {
-    let q = |b: usize, i: usize| IQ4NL_VALUES[nibble(&row.qs[b * 16..(b + 1) * 16], i) as usize];
-    block_dots(row, xq, xd, nb, None, |b, i| q(b, i) as i32)
+    let q =
+        |b: usize, i: usize| IQ4NL_VALUES[nibble(&row.qs[b * 16..(b + 1) * 16], i) as usize] as i32;
+    block_dots(row, xq, xd, nb, None, q)
 }
 
 /// One (row, token) dot product of f32 rows.

@@ -34,8 +34,8 @@ const G: usize = 16;
 /// Tokens computed together (their accumulators and the block's weights stay in registers).
 const T: usize = 8;
 
-/// Whether [`rows`] computes a matrix of type `ty` (any batch: measured against the tiles on a
-/// Sapphire Rapids core, it is ahead from one token on except at 4, where it loses ~10%).
+/// Whether [`rows`] computes a matrix of type `ty`, at any batch size (on a Sapphire Rapids core
+/// it was faster than the tiles, under the same float semantics, from one token on).
 pub(in crate::kernels) fn fits(ty: WeightType) -> bool {
     // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL.
     ty.is_quantized() && !ty.is_k()
@@ -85,7 +85,7 @@ fn fifth_bits(qh: __m512i, j: u32) -> __m512i {
 fn gather(m: &QMatrix, r0: usize, at: usize) -> __m512i {
     let base = m.packed_row(r0).d.as_ptr();
     let stride = m.row_bytes;
-    assert!(at + 4 <= stride && (r0 + G) * stride <= m.rows * stride && G * stride < 1 << 31);
+    assert!(at + 4 <= stride && r0 + G <= m.rows && G * stride < 1 << 31);
     let idx = _mm512_mullo_epi32(
         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
         _mm512_set1_epi32(stride as i32),
@@ -295,7 +295,7 @@ struct Pass<'a> {
 
 /// Tokens `t0..t0 + N` of one repacked group: out rows `r0..r0 + 16`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni")]
-fn tokens<const N: usize, const Q8: bool>(p: &Pass<'_>, next: &[u8], t0: usize) {
+fn tokens<const N: usize, const SIGNED: bool>(p: &Pass<'_>, next: &[u8], t0: usize) {
     let Pass {
         g,
         m,
@@ -313,7 +313,7 @@ fn tokens<const N: usize, const Q8: bool>(p: &Pass<'_>, next: &[u8], t0: usize) 
         xq[t] = q.as_ptr();
         xd[t] = &x.d_row(t0 + t)[..nb];
         xs[t] = &x.s_row(t0 + t)[..nb];
-        if Q8 {
+        if SIGNED {
             xc[t] = &corr[(t0 + t) * nb..(t0 + t + 1) * nb];
         }
     }
@@ -335,7 +335,7 @@ fn tokens<const N: usize, const Q8: bool>(p: &Pass<'_>, next: &[u8], t0: usize) 
             for t in 0..N {
                 // SAFETY: `xq[t]` holds `32 · nb` activations (checked above) and `b < nb`.
                 let mut l = unsafe { block_dot(w, xq[t], b) };
-                if Q8 {
+                if SIGNED {
                     // The weights were stored plus 128: take 128 · Σx back off.
                     l = _mm512_sub_epi32(l, _mm512_set1_epi32(xc[t][b]));
                 } else {
@@ -400,7 +400,7 @@ pub(in crate::kernels) fn rows(m: &QMatrix, x: &Activations, out: OutPtr, rows: 
 /// Every token of `x` for one repacked group, several tokens at once (enough independent
 /// `vpdpbusd` chains in flight).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni")]
-fn batch<const Q8: bool>(p: &Pass<'_>) {
+fn batch<const SIGNED: bool>(p: &Pass<'_>) {
     let (m, x, r0) = (p.m, p.x, p.r0);
     // The bytes of the next group's rows, fetched during the first tokens' arithmetic.
     let (start, end) = (
@@ -412,19 +412,19 @@ fn batch<const Q8: bool>(p: &Pass<'_>) {
     while t < x.n_tokens {
         t += match x.n_tokens - t {
             n if n >= T => {
-                tokens::<T, Q8>(p, next, t);
+                tokens::<T, SIGNED>(p, next, t);
                 T
             }
             n if n >= 4 => {
-                tokens::<4, Q8>(p, next, t);
+                tokens::<4, SIGNED>(p, next, t);
                 4
             }
             n if n >= 2 => {
-                tokens::<2, Q8>(p, next, t);
+                tokens::<2, SIGNED>(p, next, t);
                 2
             }
             _ => {
-                tokens::<1, Q8>(p, next, t);
+                tokens::<1, SIGNED>(p, next, t);
                 1
             }
         };
