@@ -14,8 +14,10 @@
 //! transposes of 128-bit lanes and of 32-bit elements, nibble masks, the fifth bits by a table
 //! lookup, and one gather per two blocks for the scales. Q8_0 and IQ4_NL weights are stored
 //! plus 128 (the unsigned operand) and `128 · Σx` per token and block is taken back off.
-//! Decode streams the weights from memory, so the next group's bytes are prefetched during the
-//! arithmetic.
+//! Up to 8 tokens (decode), each block's vectors are used while they are in registers
+//! ([`small`]); beyond, they are stored in the group's buffer and reused per 8 tokens. Decode
+//! streams the weights from memory, so the next group's rows are prefetched a few lines per
+//! block, in the order the walk reads them.
 //!
 //! Lane `k` of the scalar reference is a separate accumulator per token here: the blocks
 //! `k, k + 8, …` are taken in order, then `hsum`'s tree adds the eight accumulators, so every
@@ -26,7 +28,8 @@ use std::ops::Range;
 
 use super::super::super::scalar::IQ4NL_VALUES;
 use super::super::super::{Activations, OutPtr, QMatrix, WeightType, QK};
-use super::super::packed_rows;
+
+mod small;
 
 /// Rows per group: one per 32-bit lane of a 512-bit register.
 const G: usize = 16;
@@ -48,6 +51,71 @@ struct Group {
     w: Vec<__m512i>,
     dw: Vec<__m512>,
     mw: Vec<__m512>,
+}
+
+/// The next group's rows, prefetched a few lines at a time during this group's repacking and
+/// arithmetic (a burst of prefetches would wait for the line fill buffers and stall the core),
+/// in the order the walk reads them: the first 64 bytes of each row, then the next 64, and so
+/// on (row by row, the last rows' first blocks arrived too late for long rows).
+struct Fetch<'a> {
+    bytes: &'a [u8],
+    rows: usize,
+    row_bytes: usize,
+    /// Lines fetched so far (`64 · col` bytes into row `row`), and the count to reach by the
+    /// end of the current plan.
+    done: usize,
+    row: usize,
+    col: usize,
+    end: usize,
+    /// Progress through the plan and its increment per step, in 1/65536 lines (no division per
+    /// step: at batch 1 a step is a dozen cycles).
+    at: usize,
+    inc: usize,
+}
+
+impl<'a> Fetch<'a> {
+    /// `bytes`: whole rows of `row_bytes` each.
+    fn new(bytes: &'a [u8], row_bytes: usize) -> Self {
+        Fetch {
+            bytes,
+            rows: bytes.len() / row_bytes.max(1),
+            row_bytes,
+            done: 0,
+            row: 0,
+            col: 0,
+            end: 0,
+            at: 0,
+            inc: 0,
+        }
+    }
+
+    /// Plans to fetch `num / den` of the lines in `steps` calls of [`Fetch::step`].
+    fn plan(&mut self, num: usize, den: usize, steps: usize) {
+        // A row spans at most `row_bytes / 64 + 2` lines.
+        self.end = self.rows * (self.row_bytes / 64 + 2) * num / den;
+        self.at = self.done << 16;
+        self.inc = (self.end.saturating_sub(self.done) << 16).div_ceil(steps.max(1));
+    }
+
+    /// One step of the plan.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn step(&mut self) {
+        self.at += self.inc;
+        let line = (self.at >> 16).min(self.end);
+        while self.done < line {
+            let at = self.row * self.row_bytes + (64 * self.col).min(self.row_bytes - 1);
+            // SAFETY: `row < rows`, so `at < rows · row_bytes <= bytes.len()`; prefetches never
+            // fault.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(self.bytes.as_ptr().add(at).cast()) };
+            self.done += 1;
+            self.row += 1;
+            if self.row == self.rows {
+                self.row = 0;
+                self.col += 1;
+            }
+        }
+    }
 }
 
 /// Entry `v`: `0x10` in byte `p` for each bit `p` set in `v` (four fifth bits → their bytes).
@@ -94,6 +162,17 @@ fn gather(m: &QMatrix, r0: usize, at: usize) -> __m512i {
     // SAFETY: rows `r0..r0 + 16` are whole rows of the matrix (`stride` bytes each, contiguous
     // from `base`), and each lane reads 4 bytes at `at + 4 <= stride` into its row.
     unsafe { _mm512_i32gather_epi32::<1>(idx, base.cast()) }
+}
+
+/// Where the quants of rows `r0..r0 + 16` start. Every row has the same layout, `row_bytes`
+/// apart, so only row `r0` is split into its fields (`packed_row` per row cost a fifth of a
+/// decode step's repacking).
+fn quant_ptrs(m: &QMatrix, r0: usize) -> [*const u8; G] {
+    let bytes = m.packed_bytes();
+    let at = m.packed_row(r0).qs.as_ptr() as usize - bytes.as_ptr() as usize;
+    let len = m.ty.qs_bytes() * m.nb;
+    // Row `r0 + r`'s quants are `bytes[at + r · row_bytes..][..len]`.
+    std::array::from_fn(|r| bytes[at + r * m.row_bytes..][..len].as_ptr())
 }
 
 /// A 4 × 4 transpose of 32-bit elements in each 128-bit lane of `v`.
@@ -162,6 +241,7 @@ fn quads4(qs: &[*const u8; G], off: usize) -> [[__m512i; 4]; 4] {
 
 impl Group {
     #[target_feature(enable = "avx512f")]
+    /// Room for `nb` blocks.
     fn new(nb: usize) -> Self {
         Group {
             w: vec![_mm512_setzero_si512(); 8 * nb],
@@ -172,91 +252,197 @@ impl Group {
 
     /// Repacks rows `r0..r0 + 16` of `m`.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
-    fn fill(&mut self, m: &QMatrix, r0: usize) {
-        let (rows, qs) = packed_rows::<G>(m, r0);
-        let zero = if rows[0].qh.is_some() { -16.0 } else { -8.0 };
-        let low = _mm512_set1_epi8(15);
-        let flip = _mm512_set1_epi8(-128);
-        // IQ4_NL's table plus 128, in every 128-bit lane.
+    fn fill(&mut self, m: &QMatrix, r0: usize, fetch: &mut Fetch<'_>) {
+        // The first half of the next group's lines while repacking.
+        walk!(m, r0, fetch, 2, |b, w, s| {
+            self.w[8 * b..8 * b + 8].copy_from_slice(w);
+            (self.dw[b], self.mw[b]) = s;
+        });
+    }
+}
+
+/// The scales, offsets and fifth bits of 16 rows, read as the walk reaches each block (so that
+/// their gathers overlap with the previous blocks' arithmetic).
+struct Scales<'a> {
+    m: &'a QMatrix,
+    r0: usize,
+    /// Offsets in the row of the offset weights and of the fifth bits.
+    m_at: Option<usize>,
+    qh_at: Option<usize>,
+    /// The offset of the formats without offset weights: `-8 · d`, or `-16 · d` with the fifth
+    /// bit.
+    zero: f32,
+}
+
+impl<'a> Scales<'a> {
+    fn new(m: &'a QMatrix, r0: usize) -> Self {
+        let row = m.packed_row(r0);
+        let base = row.d.as_ptr() as usize;
+        Scales {
+            m,
+            r0,
+            m_at: row.m.map(|v| v.as_ptr() as usize - base),
+            qh_at: row.qh.map(|v| v.as_ptr() as usize - base),
+            zero: if row.qh.is_some() { -16.0 } else { -8.0 },
+        }
+    }
+
+    /// `(dw, mw)` of blocks `b` and `b + 1`: one 32-bit gather at the rows' stride covers the
+    /// 16-bit fields of two blocks (for the last block, the next 2 bytes of the row).
+    #[target_feature(enable = "avx2,f16c,avx512f,avx512bw")]
+    #[inline]
+    fn pair(&self, b: usize) -> [(__m512, __m512); 2] {
+        let halves = |at: usize| {
+            let v = gather(self.m, self.r0, at + 2 * b);
+            [
+                _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)),
+                _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(v))),
+            ]
+        };
+        let d = halves(0);
+        let mw = match self.m_at {
+            Some(at) => halves(at),
+            None => d.map(|d| _mm512_mul_ps(d, _mm512_set1_ps(self.zero))),
+        };
+        [(d[0], mw[0]), (d[1], mw[1])]
+    }
+
+    /// Block `b`'s fifth bits (a 32-bit mask per row), for Q5_0 / Q5_1.
+    #[target_feature(enable = "avx2,avx512f")]
+    #[inline]
+    fn qh(&self, b: usize) -> Option<__m512i> {
+        self.qh_at.map(|at| gather(self.m, self.r0, at + 4 * b))
+    }
+}
+
+/// Walks the quants of rows `$r0..$r0 + 16` of `$m` in storage order and runs `$body` with
+/// `$b` = each block, `$w` = its eight vectors (fifth bits included; Q8_0 and IQ4_NL plus 128)
+/// and `$s` = its scale and offset weight per row, fetching the first `1 / $part` of the next
+/// group's lines on the way. (A macro: the body must be inlined into the walk, which a closure
+/// was not.)
+macro_rules! walk {
+    ($m:expr, $r0:expr, $fetch:expr, $part:expr, |$b:ident, $w:ident, $s:ident| $body:block) => {{
+        let m: &QMatrix = $m;
+        let qs = quant_ptrs(m, $r0);
+        let unit = Unit::new(m.ty);
+        let q8 = m.ty == WeightType::Q8_0;
+        let sc = Scales::new(m, $r0);
+        let qh = |b: usize| sc.qh(b);
+        // Blocks `b` and `b + 1`'s scales are read at `b` (even).
+        let mut pair = [(_mm512_setzero_ps(), _mm512_setzero_ps()); 2];
+        let mut scales = |b: usize| {
+            if b % 2 == 0 {
+                pair = sc.pair(b);
+            }
+            pair[b % 2]
+        };
+        // 64 bytes of every row at a time (four blocks, or two of Q8_0) where the rows have
+        // them, then a block at a time.
+        let total = m.ty.qs_bytes() * m.nb;
+        $fetch.plan(1, $part, m.nb);
+        let mut off = 0;
+        while off + 64 <= total {
+            let p = quads4(&qs, off);
+            if q8 {
+                for i in 0..2 {
+                    let $b = off / 32 + i;
+                    let $w = &unit.q8(p[2 * i], p[2 * i + 1]);
+                    let $s = scales($b);
+                    $fetch.step();
+                    $body
+                }
+            } else {
+                for (i, p) in p.into_iter().enumerate() {
+                    let $b = off / 16 + i;
+                    let $w = &unit.q4(p, qh($b));
+                    let $s = scales($b);
+                    $fetch.step();
+                    $body
+                }
+            }
+            off += 64;
+        }
+        while off < total {
+            let $b = off / m.ty.qs_bytes();
+            let $w = &if q8 {
+                unit.q8(quads(&qs, off), quads(&qs, off + 16))
+            } else {
+                unit.q4(quads(&qs, off), qh($b))
+            };
+            let $s = scales($b);
+            $fetch.step();
+            $body
+            off += m.ty.qs_bytes();
+        }
+    }};
+}
+use walk;
+
+/// Turns 16-byte pieces of 16 rows' quants into blocks' eight vectors (see [`walk!`]).
+struct Unit {
+    iq4: bool,
+    low: __m512i,
+    flip: __m512i,
+    /// IQ4_NL's table plus 128, in every 128-bit lane.
+    table: __m512i,
+}
+
+impl Unit {
+    #[target_feature(enable = "avx2,avx512f")]
+    #[inline]
+    fn new(ty: WeightType) -> Self {
         let mut table = [0u8; 16];
         for (t, v) in table.iter_mut().zip(IQ4NL_VALUES) {
             *t = (v as u8) ^ 0x80;
         }
-        // SAFETY: 16 readable bytes; unaligned load.
-        let table = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(table.as_ptr().cast()) });
-        // The quants, 16 bytes of every row at a time (64 where the row has them).
-        let q8 = m.ty == WeightType::Q8_0;
-        let total = m.ty.qs_bytes() * m.nb;
-        let mut put = |k: usize, p: [__m512i; 4]| {
-            if q8 {
-                // Half k % 2 of block k / 2: signed bytes, stored plus 128 (the unsigned
-                // operand of `vpdpbusd`).
-                let w = &mut self.w[4 * k..4 * k + 4];
-                for (w, p) in w.iter_mut().zip(p) {
-                    *w = _mm512_xor_si512(p, flip);
-                }
-            } else {
-                // Block k: low nibbles are elements 4j.., high nibbles 16 + 4j.. (vector j + 4).
-                let w = &mut self.w[8 * k..8 * k + 8];
-                for j in 0..4 {
-                    w[j] = _mm512_and_si512(p[j], low);
-                    w[4 + j] = _mm512_and_si512(_mm512_srli_epi16::<4>(p[j]), low);
-                }
-                if m.ty == WeightType::IQ4_NL {
-                    for w in w.iter_mut() {
-                        *w = _mm512_shuffle_epi8(table, *w);
-                    }
-                }
-            }
-        };
-        let mut off = 0;
-        while off < total {
-            if off + 64 <= total {
-                for (i, p) in quads4(&qs, off).into_iter().enumerate() {
-                    put(off / 16 + i, p);
-                }
-                off += 64;
-            } else {
-                put(off / 16, quads(&qs, off));
-                off += 16;
+        Unit {
+            iq4: ty == WeightType::IQ4_NL,
+            low: _mm512_set1_epi8(15),
+            flip: _mm512_set1_epi8(-128),
+            // SAFETY: 16 readable bytes; unaligned load.
+            table: _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(table.as_ptr().cast()) }),
+        }
+    }
+
+    /// A Q8_0 block from its two halves: signed bytes, stored plus 128 (the unsigned operand
+    /// of `vpdpbusd`).
+    #[target_feature(enable = "avx2,avx512f")]
+    #[inline]
+    fn q8(&self, a: [__m512i; 4], b: [__m512i; 4]) -> [__m512i; 8] {
+        let f = |v| _mm512_xor_si512(v, self.flip);
+        [
+            f(a[0]),
+            f(a[1]),
+            f(a[2]),
+            f(a[3]),
+            f(b[0]),
+            f(b[1]),
+            f(b[2]),
+            f(b[3]),
+        ]
+    }
+
+    /// A 4-bit block (Q4_0, Q4_1, IQ4_NL; Q5_0 and Q5_1 with their fifth bits `qh`): low
+    /// nibbles are elements `4j..`, high nibbles `16 + 4j..` (vector `j + 4`).
+    #[target_feature(enable = "avx2,avx512f,avx512bw")]
+    #[inline]
+    fn q4(&self, p: [__m512i; 4], qh: Option<__m512i>) -> [__m512i; 8] {
+        let mut w = [_mm512_setzero_si512(); 8];
+        for j in 0..4 {
+            w[j] = _mm512_and_si512(p[j], self.low);
+            w[4 + j] = _mm512_and_si512(_mm512_srli_epi16::<4>(p[j]), self.low);
+        }
+        if self.iq4 {
+            for w in w.iter_mut() {
+                *w = _mm512_shuffle_epi8(self.table, *w);
             }
         }
-        // Scales and offsets of the 16 rows: one 32-bit gather at the rows' stride covers the
-        // 16-bit fields of two blocks (for the last block, the next 2 bytes of the row).
-        let base = rows[0].d.as_ptr() as usize;
-        let halves = |at: usize, b: usize| {
-            let v = gather(m, r0, at + 2 * b);
-            (
-                _mm512_cvtph_ps(_mm512_cvtepi32_epi16(v)),
-                _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(v))),
-            )
-        };
-        for b in (0..m.nb).step_by(2) {
-            let d = halves(0, b);
-            let mw = match rows[0].m {
-                Some(mb) => halves(mb.as_ptr() as usize - base, b),
-                None => {
-                    let z = _mm512_set1_ps(zero);
-                    (_mm512_mul_ps(d.0, z), _mm512_mul_ps(d.1, z))
-                }
-            };
-            self.dw[b] = d.0;
-            self.mw[b] = mw.0;
-            if b + 1 < m.nb {
-                self.dw[b + 1] = d.1;
-                self.mw[b + 1] = mw.1;
+        if let Some(qh) = qh {
+            for (j, w) in w.iter_mut().enumerate() {
+                *w = _mm512_or_si512(*w, fifth_bits(qh, j as u32));
             }
         }
-        // Fifth bits: a block's 32-bit mask per row.
-        if let Some(qh) = rows[0].qh {
-            let at = qh.as_ptr() as usize - base;
-            for b in 0..m.nb {
-                let qh = gather(m, r0, at + 4 * b);
-                for (j, w) in self.w[8 * b..8 * b + 8].iter_mut().enumerate() {
-                    *w = _mm512_or_si512(*w, fifth_bits(qh, j as u32));
-                }
-            }
-        }
+        w
     }
 }
 
@@ -295,7 +481,7 @@ struct Pass<'a> {
 
 /// Tokens `t0..t0 + N` of one repacked group: out rows `r0..r0 + 16`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni")]
-fn tokens<const N: usize, const SIGNED: bool>(p: &Pass<'_>, next: &[u8], t0: usize) {
+fn tokens<const N: usize, const SIGNED: bool>(p: &Pass<'_>, fetch: &mut Fetch<'_>, t0: usize) {
     let Pass {
         g,
         m,
@@ -318,19 +504,13 @@ fn tokens<const N: usize, const SIGNED: bool>(p: &Pass<'_>, next: &[u8], t0: usi
         }
     }
     let mut lanes = [[_mm512_setzero_ps(); 8]; N];
+    // The rest of the next group's lines, a few per block.
+    fetch.plan(1, 1, nb);
     #[allow(clippy::needless_range_loop)]
-    for k in 0..8 {
-        // Decode streams the weights from memory: fetch the next group's bytes, an eighth per
-        // pass, so that the fetches overlap with the arithmetic.
-        for o in (k * next.len() / 8..(k + 1) * next.len() / 8).step_by(64) {
-            // SAFETY: `o < next.len()`; prefetches never fault.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(next.as_ptr().add(o).cast()) };
-        }
-        if k >= nb {
-            continue;
-        }
+    for k in 0..8.min(nb) {
         let mut acc = [_mm512_setzero_ps(); N];
         for b in (k..nb).step_by(8) {
+            fetch.step();
             let w = &g.w[8 * b..8 * b + 8];
             for t in 0..N {
                 // SAFETY: `xq[t]` holds `32 · nb` activations (checked above) and `b < nb`.
@@ -365,7 +545,6 @@ fn tokens<const N: usize, const SIGNED: bool>(p: &Pass<'_>, next: &[u8], t0: usi
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
 pub(in crate::kernels) fn rows(m: &QMatrix, x: &Activations, out: OutPtr, rows: Range<usize>) {
     assert!(fits(m.ty) && rows.len().is_multiple_of(G));
-    let mut g = Group::new(m.nb);
     // Q8_0 / IQ4_NL weights are stored plus 128: per token and block, `128 · Σx` to subtract.
     let signed = matches!(m.ty, WeightType::Q8_0 | WeightType::IQ4_NL);
     let corr: Vec<i32> = if signed {
@@ -379,8 +558,16 @@ pub(in crate::kernels) fn rows(m: &QMatrix, x: &Activations, out: OutPtr, rows: 
     } else {
         Vec::new()
     };
+    let few = x.n_tokens <= small::MAX;
+    // Only the buffered path keeps the group's repacking.
+    let mut g = Group::new(if few { 0 } else { m.nb });
     for r0 in rows.step_by(G) {
-        g.fill(m, r0);
+        // The next group's rows.
+        let next = (r0 + G) * m.row_bytes..((r0 + 2 * G).min(m.rows)) * m.row_bytes;
+        let mut fetch = Fetch::new(m.packed_bytes().get(next).unwrap_or(&[]), m.row_bytes);
+        if !few {
+            g.fill(m, r0, &mut fetch);
+        }
         let p = Pass {
             g: &g,
             m,
@@ -389,45 +576,47 @@ pub(in crate::kernels) fn rows(m: &QMatrix, x: &Activations, out: OutPtr, rows: 
             r0,
             out,
         };
-        if signed {
-            batch::<true>(&p);
-        } else {
-            batch::<false>(&p);
+        let f = &mut fetch;
+        macro_rules! few {
+            ($($n:literal)*) => {
+                match (x.n_tokens, signed) {
+                    $(
+                        ($n, true) => small::tokens::<$n, true>(&p, f),
+                        ($n, false) => small::tokens::<$n, false>(&p, f),
+                    )*
+                    (_, true) => batch::<true>(&p, f),
+                    (_, false) => batch::<false>(&p, f),
+                }
+            };
         }
+        few!(1 2 3 4 5 6 7 8);
     }
 }
 
 /// Every token of `x` for one repacked group, several tokens at once (enough independent
 /// `vpdpbusd` chains in flight).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni")]
-fn batch<const SIGNED: bool>(p: &Pass<'_>) {
-    let (m, x, r0) = (p.m, p.x, p.r0);
-    // The bytes of the next group's rows, fetched during the first tokens' arithmetic.
-    let (start, end) = (
-        (r0 + G) * m.row_bytes,
-        ((r0 + 2 * G).min(m.rows)) * m.row_bytes,
-    );
-    let mut next = m.packed_bytes().get(start..end).unwrap_or(&[]);
+fn batch<const SIGNED: bool>(p: &Pass<'_>, fetch: &mut Fetch<'_>) {
+    let x = p.x;
     let mut t = 0;
     while t < x.n_tokens {
         t += match x.n_tokens - t {
             n if n >= T => {
-                tokens::<T, SIGNED>(p, next, t);
+                tokens::<T, SIGNED>(p, fetch, t);
                 T
             }
             n if n >= 4 => {
-                tokens::<4, SIGNED>(p, next, t);
+                tokens::<4, SIGNED>(p, fetch, t);
                 4
             }
             n if n >= 2 => {
-                tokens::<2, SIGNED>(p, next, t);
+                tokens::<2, SIGNED>(p, fetch, t);
                 2
             }
             _ => {
-                tokens::<1, SIGNED>(p, next, t);
+                tokens::<1, SIGNED>(p, fetch, t);
                 1
             }
         };
-        next = &[];
     }
 }
