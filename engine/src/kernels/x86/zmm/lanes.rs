@@ -236,7 +236,12 @@ fn quads4(qs: &[*const u8; G], off: usize) -> [[__m512i; 4]; 4] {
         v[2][q] = _mm512_shuffle_i32x4::<0x88>(t1, t3);
         v[3][q] = _mm512_shuffle_i32x4::<0xDD>(t1, t3);
     }
-    v.map(|v| transpose4(v))
+    [
+        transpose4(v[0]),
+        transpose4(v[1]),
+        transpose4(v[2]),
+        transpose4(v[3]),
+    ]
 }
 
 impl Group {
@@ -352,9 +357,11 @@ macro_rules! walk {
                     $body
                 }
             } else {
-                for (i, p) in p.into_iter().enumerate() {
+                // (Indexing: `into_iter` copied the 1 KiB array through memcpy.)
+                #[allow(clippy::needless_range_loop)]
+                for i in 0..4 {
                     let $b = off / 16 + i;
-                    let $w = &unit.q4(p, qh($b));
+                    let $w = &unit.q4(p[i], qh($b));
                     let $s = scales($b);
                     $fetch.step();
                     $body
@@ -504,13 +511,13 @@ fn tokens<const N: usize, const SIGNED: bool>(p: &Pass<'_>, fetch: &mut Fetch<'_
         }
     }
     let mut lanes = [[_mm512_setzero_ps(); 8]; N];
-    // The rest of the next group's lines, a few per block.
-    fetch.plan(1, 1, nb);
+    // The rest of the next group's lines, an eighth at the start of each lane's blocks.
+    fetch.plan(1, 1, 8.min(nb));
     #[allow(clippy::needless_range_loop)]
     for k in 0..8.min(nb) {
+        fetch.step();
         let mut acc = [_mm512_setzero_ps(); N];
         for b in (k..nb).step_by(8) {
-            fetch.step();
             let w = &g.w[8 * b..8 * b + 8];
             for t in 0..N {
                 // SAFETY: `xq[t]` holds `32 · nb` activations (checked above) and `b < nb`.
@@ -581,14 +588,15 @@ pub(in crate::kernels) fn rows(m: &QMatrix, x: &Activations, out: OutPtr, rows: 
             ($($n:literal)*) => {
                 match (x.n_tokens, signed) {
                     $(
-                        ($n, true) => small::tokens::<$n, true>(&p, f),
-                        ($n, false) => small::tokens::<$n, false>(&p, f),
+                        ($n, true) if few => small::tokens::<$n, true>(&p, f),
+                        ($n, false) if few => small::tokens::<$n, false>(&p, f),
                     )*
                     (_, true) => batch::<true>(&p, f),
                     (_, false) => batch::<false>(&p, f),
                 }
             };
         }
+        const { assert!(small::MAX <= 8) };
         few!(1 2 3 4 5 6 7 8);
     }
 }
