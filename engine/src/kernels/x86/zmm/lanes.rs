@@ -536,6 +536,13 @@ fn tokens<const N: usize, const SIGNED: bool>(p: &Pass<'_>, fetch: &mut Fetch<'_
             lanes[t][k] = acc[t];
         }
     }
+    write_sums(&lanes, m.rows, r0, t0, out);
+}
+
+/// Adds each token's eight lane accumulators by `hsum`'s tree and writes the sums: `lanes[t]`
+/// is token `t0 + t`'s, out rows `r0..r0 + 16` of a `rows`-row matrix.
+#[target_feature(enable = "avx512f")]
+fn write_sums(lanes: &[[__m512; 8]], rows: usize, r0: usize, t0: usize, out: OutPtr) {
     for (t, l) in lanes.iter().enumerate() {
         let v = _mm512_add_ps(
             _mm512_add_ps(_mm512_add_ps(l[0], l[1]), _mm512_add_ps(l[2], l[3])),
@@ -544,7 +551,7 @@ fn tokens<const N: usize, const SIGNED: bool>(p: &Pass<'_>, fetch: &mut Fetch<'_
         let mut o = [0f32; G];
         // SAFETY: room for 16 f32s; unaligned store.
         unsafe { _mm512_storeu_ps(o.as_mut_ptr(), v) };
-        out.write_n((t0 + t) * m.rows + r0, o);
+        out.write_n((t0 + t) * rows + r0, o);
     }
 }
 

@@ -12,7 +12,8 @@ use std::arch::x86_64::*;
 
 use super::super::super::super::QK;
 use super::{
-    block_dot, quads, quads4, quant_ptrs, walk, Fetch, Pass, QMatrix, Scales, Unit, WeightType, G,
+    block_dot, quads, quads4, quant_ptrs, walk, write_sums, Fetch, Pass, QMatrix, Scales, Unit,
+    WeightType,
 };
 
 /// The most tokens this path takes (beyond, the buffered path reuses each group's repacking
@@ -61,14 +62,5 @@ pub(super) fn tokens<const N: usize, const SIGNED: bool>(p: &Pass<'_>, fetch: &m
             *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), sc, *acc);
         }
     });
-    for (t, l) in lanes.iter().enumerate() {
-        let v = _mm512_add_ps(
-            _mm512_add_ps(_mm512_add_ps(l[0], l[1]), _mm512_add_ps(l[2], l[3])),
-            _mm512_add_ps(_mm512_add_ps(l[4], l[5]), _mm512_add_ps(l[6], l[7])),
-        );
-        let mut o = [0f32; G];
-        // SAFETY: room for 16 f32s; unaligned store.
-        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), v) };
-        out.write_n(t * m.rows + r0, o);
-    }
+    write_sums(&lanes, m.rows, r0, 0, out);
 }
