@@ -89,10 +89,11 @@ impl<'a> Fetch<'a> {
         }
     }
 
-    /// Plans to fetch `num / den` of the lines in `steps` calls of [`Fetch::step`].
-    fn plan(&mut self, num: usize, den: usize, steps: usize) {
+    /// Plans to have fetched the first `1 / part` of the lines after `steps` calls of
+    /// [`Fetch::step`].
+    fn plan(&mut self, part: usize, steps: usize) {
         // A row spans at most `row_bytes / 64 + 2` lines.
-        self.end = self.rows * (self.row_bytes / 64 + 2) * num / den;
+        self.end = self.rows * (self.row_bytes / 64 + 2) / part;
         self.at = self.done << 16;
         self.inc = (self.end.saturating_sub(self.done) << 16).div_ceil(steps.max(1));
     }
@@ -344,7 +345,7 @@ macro_rules! walk {
         // 64 bytes of every row at a time (four blocks, or two of Q8_0) where the rows have
         // them, then a block at a time.
         let total = m.ty.qs_bytes() * m.nb;
-        $fetch.plan(1, $part, m.nb);
+        $fetch.plan($part, m.nb);
         let mut off = 0;
         while off + 64 <= total {
             let p = quads4(&qs, off);
@@ -512,7 +513,7 @@ fn tokens<const N: usize, const SIGNED: bool>(p: &Pass<'_>, fetch: &mut Fetch<'_
     }
     let mut lanes = [[_mm512_setzero_ps(); 8]; N];
     // The rest of the next group's lines, an eighth at the start of each lane's blocks.
-    fetch.plan(1, 1, 8.min(nb));
+    fetch.plan(1, 8.min(nb));
     #[allow(clippy::needless_range_loop)]
     for k in 0..8.min(nb) {
         fetch.step();
