@@ -153,23 +153,24 @@ pub fn bench_route(mut args: RouteArgs) -> anyhow::Result<()> {
     base.place.seed = args.seed;
     let mut goals = String::new();
     for &shape in &args.shape {
-        let (name, trace): (&str, Vec<TraceRequest>) = match shape {
-            TraceShape::Mooncake => ("mooncake", sim::load_trace(&args.trace)?),
-            TraceShape::Tenants => (
-                "tenants",
-                TenantTrace {
+        // For the tenant trace, also the best static partition (each tenant pinned to a worker).
+        let (name, trace, pin): (&str, Vec<TraceRequest>, _) = match shape {
+            TraceShape::Mooncake => ("mooncake", sim::load_trace(&args.trace)?, None),
+            TraceShape::Tenants => {
+                let tenants = TenantTrace {
                     seed: args.seed,
                     block_tokens: args.block_tokens,
                     ..TenantTrace::default()
-                }
-                .generate(),
-            ),
+                };
+                ("tenants", tenants.generate(), Some(tenants.prefix_blocks))
+            }
         };
         for &divisor in &args.capacity_divisor {
             for &workers in &args.workers {
                 let config = SimConfig {
                     workers,
                     capacity_divisor: divisor,
+                    pin_groups_of: pin,
                     ..base.clone()
                 };
                 let report = sim::run(&trace, &config)?;

@@ -39,8 +39,8 @@ use std::time::{Duration, Instant};
 use cleave_kv_index::{KvEvent, KvEventRecord, Matches, PrefixIndex, WorkerId};
 
 use crate::place::{
-    BuildPolicy, Charge, InFlight, Load, PlaceConfig, PlaceError, PlacementRequest, PolicyKind,
-    Role, Ticket, WorkerView,
+    BuildPolicy, Charge, InFlight, Load, PlaceConfig, PlaceError, Placement, PlacementRequest,
+    PolicyKind, Role, Ticket, WorkerView,
 };
 pub use cleave_types::trace::{load_trace, parse_trace, TraceError, TraceRequest};
 pub use engine::TimeModel;
@@ -90,7 +90,16 @@ pub struct SimConfig {
     pub place: PlaceConfig,
     /// Policies to run, each on a fresh cluster.
     pub policies: Vec<PolicyKind>,
+    /// Also run the reference [`PINNED`]: every request goes to worker `(its first block id /
+    /// this) mod workers`, with no regard to load. For the tenant trace, with its
+    /// `prefix_blocks`, each tenant lives on one worker and every worker holds the same number
+    /// of tenants: the best static partition, which bounds what any placement that keeps a
+    /// tenant in one place can reach (docs/routing.md). `None`: not run.
+    pub pin_groups_of: Option<u64>,
 }
+
+/// Name of the pinned reference in reports ([`SimConfig::pin_groups_of`]).
+pub const PINNED: &str = "(tenants pinned)";
 
 impl Default for SimConfig {
     fn default() -> Self {
@@ -109,6 +118,7 @@ impl Default for SimConfig {
                 ..PlaceConfig::default()
             },
             policies: PolicyKind::ALL.to_vec(),
+            pin_groups_of: None,
         }
     }
 }
@@ -276,10 +286,15 @@ pub fn run(trace: &[TraceRequest], config: &SimConfig) -> Result<SimReport, SimE
             pooled,
         )
     });
-    let policies = config
-        .policies
-        .iter()
-        .map(|&kind| run_policy(trace, config, capacity, scale, kind))
+    let runs = config.policies.iter().map(|&kind| (kind, None));
+    // The pinned reference reuses a policy's run with its placement overridden; the kind only
+    // names the index it matches against (the KV events, as `prefix-load`).
+    let pinned = config
+        .pin_groups_of
+        .map(|g| (PolicyKind::PrefixLoad, Some(g.max(1))));
+    let policies = runs
+        .chain(pinned)
+        .map(|(kind, pin)| run_policy(trace, config, capacity, scale, kind, pin))
         .collect::<Result<_, _>>()?;
     Ok(SimReport {
         stats,
@@ -369,6 +384,7 @@ fn run_policy(
     capacity: usize,
     scale: f64,
     kind: PolicyKind,
+    pin: Option<u64>,
 ) -> Result<PolicyReport, SimError> {
     let policy = kind.build(&config.place);
     let mut c = Cluster {
@@ -430,7 +446,18 @@ fn run_policy(
             decode_blocks: r.output_length.div_ceil(bt) as usize,
             matches: std::mem::take(&mut buf),
         };
-        let placement = policy.place(&req, &c.view)?;
+        let placement = match pin {
+            None => policy.place(&req, &c.view)?,
+            Some(g) => {
+                let group = r.hash_ids.first().map_or(0, |&h| h / g);
+                let decode = WorkerId(group % config.workers as u64);
+                Placement {
+                    prefill: None,
+                    decode,
+                    cached_blocks: req.matches.matched(decode).min(req.prompt_blocks),
+                }
+            }
+        };
         decide += start.elapsed();
         c.charges.push(Some(c.view.charge(&req, &placement)));
 
@@ -480,7 +507,7 @@ fn run_policy(
     c.ttft.sort_by(f64::total_cmp);
     c.itl.sort_by(f64::total_cmp);
     Ok(PolicyReport {
-        policy: kind.name().to_owned(),
+        policy: if pin.is_some() { PINNED } else { kind.name() }.to_owned(),
         hit_rate: ratio(hits as f64, total as f64),
         load_imbalance: ratio(max, mean),
         ttft_p50_s: quantile(&c.ttft, 0.50),

@@ -4,7 +4,7 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 
 use cleave_router::place::PolicyKind;
-use cleave_router::sim::{self, SimConfig, TraceRequest};
+use cleave_router::sim::{self, SimConfig, TenantTrace, TraceRequest};
 
 fn slice() -> Vec<TraceRequest> {
     let path =
@@ -226,4 +226,49 @@ fn json_has_exactly_the_documented_shape() {
             assert!(x.is_finite() && x >= 0.0, "{}: {k} = {x}", p["policy"]);
         }
     }
+}
+
+#[test]
+fn pinned_reference_keeps_each_tenant_on_one_worker() {
+    // 8 tenants on 8 workers whose caches hold one tenant's prompt (16 + 2 blocks): pinned,
+    // every worker serves one tenant, so each prefix misses once and then always hits, while
+    // its own question (2 blocks) always misses.
+    let tenants = TenantTrace {
+        tenants: 8,
+        requests: 400,
+        ..TenantTrace::default()
+    };
+    let t = tenants.generate();
+    let seen: HashSet<u64> = t.iter().map(|r| r.hash_ids[0]).collect();
+    let config = SimConfig {
+        workers: 8,
+        capacity_blocks: Some(18),
+        policies: vec![PolicyKind::RoundRobin],
+        pin_groups_of: Some(tenants.prefix_blocks),
+        ..SimConfig::default()
+    };
+    let report = sim::run(&t, &config).unwrap();
+    let pinned = report
+        .policy(sim::PINNED)
+        .expect("the pinned reference ran");
+    let expected = (16 * (t.len() - seen.len())) as f64 / (18 * t.len()) as f64;
+    assert!(
+        (pinned.hit_rate - expected).abs() < 1e-12,
+        "{} vs {expected}",
+        pinned.hit_rate
+    );
+    assert_eq!(pinned.completed, t.len());
+    assert_eq!(pinned.final_index_mismatches, 0);
+    let rr = report.policy("round-robin").unwrap();
+    assert!(rr.hit_rate < pinned.hit_rate / 2.0, "{rr:?}");
+    // Not asked for: not run.
+    let none = sim::run(
+        &t,
+        &SimConfig {
+            pin_groups_of: None,
+            ..config
+        },
+    )
+    .unwrap();
+    assert!(none.policy(sim::PINNED).is_none());
 }
