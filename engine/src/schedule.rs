@@ -255,9 +255,10 @@ impl Scheduler {
         self.running.remove(index)
     }
 
-    /// Releases blocks handed out by [`Scheduler::finish_holding`].
+    /// Releases blocks handed out by [`Scheduler::finish_holding`], last to first (tail evicted
+    /// first, as [`Scheduler::finish`] does).
     pub fn release_blocks(&mut self, blocks: &[BlockId]) {
-        for &b in blocks {
+        for &b in blocks.iter().rev() {
             self.pool.release(b);
         }
     }
@@ -299,8 +300,12 @@ impl Scheduler {
         s
     }
 
+    /// Releases `s`'s blocks last to first, so its tail goes to the least recently released end
+    /// of the LRU and is evicted before its prefix: a prefix's later blocks are only found
+    /// through its first ones, and what other requests share is the head, not the tail (vLLM
+    /// and Dynamo free in the same order).
     fn free_blocks(&mut self, s: &mut Sequence) {
-        for b in s.blocks.drain(..) {
+        for b in s.blocks.drain(..).rev() {
             self.pool.release(b);
         }
         s.hashes.clear();
@@ -636,6 +641,24 @@ mod tests {
         assert_eq!((p[0].start, p[0].len), (16, 16));
         s.finish(0);
         assert_eq!(s.pool.available(), 32);
+        s.pool.check_invariants();
+    }
+
+    #[test]
+    fn a_finished_sequence_loses_its_tail_before_its_prefix() {
+        // 4 blocks of 16 tokens: seq 1's 48-token prompt commits 3 and leaves 1 free; seq 2's
+        // 32 distinct tokens take the free block and evict one of seq 1's.
+        let mut s = Scheduler::new(SchedulerConfig::default(), 4);
+        s.add(seq(1, 48, 0));
+        run_step(&mut s);
+        s.finish(0);
+        s.add(seq(2, 32, 1));
+        run_step(&mut s);
+        s.finish(0);
+        // Seq 1's prefix survived: only its tail was evicted.
+        s.add(seq(1, 48, 2));
+        run_step(&mut s);
+        assert_eq!(s.running[0].cached_tokens, 32);
         s.pool.check_invariants();
     }
 }
