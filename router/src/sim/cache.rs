@@ -1,5 +1,8 @@
 //! A simulated worker's prefix cache: an LRU set of block hashes with a fixed capacity that
 //! records its changes as KV events with ids +1 per event, as a real worker's block pool does.
+//! Within one prompt the last block counts as the least recently used and the first as the
+//! most: the engine hands a finished sequence's blocks back last to first, so its tail is
+//! evicted before its prefix (`Scheduler::free_blocks`; vLLM and Dynamo do the same).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -42,22 +45,28 @@ impl LruCache {
     }
 
     /// Serves a prompt: returns how many leading blocks were cached, then marks every block of the
-    /// prompt used, evicting least recently used blocks to make room for the missing ones (only
-    /// the first `capacity` blocks of a longer prompt are kept). Logs `Removed` then `Stored`.
+    /// prompt used (last block least recently), evicting least recently used blocks to make room
+    /// for the missing ones (only the first `capacity` blocks of a longer prompt are kept). Logs
+    /// `Removed` then `Stored`.
     pub fn serve(&mut self, hashes: &[BlockHash]) -> usize {
         let hits = hashes
             .iter()
             .take_while(|h| self.map.contains_key(h))
             .count();
         let hashes = &hashes[..hashes.len().min(self.capacity)];
+        // Block `i` of the prompt gets tick `base + n - i`: newer than everything cached, the
+        // first block newest.
+        let base = self.tick;
+        let n = hashes.len() as u64;
+        self.tick += n;
+        let tick_of = |i: usize| base + n - i as u64;
         // Touch what is present, so eviction below never takes this prompt's blocks.
         let mut missing = Vec::new();
         for (i, h) in hashes.iter().enumerate() {
             if let Some(t) = self.map.get_mut(h) {
                 self.order.remove(t);
-                self.tick += 1;
-                *t = self.tick;
-                self.order.insert(self.tick, *h);
+                *t = tick_of(i);
+                self.order.insert(*t, *h);
             } else if !missing.iter().any(|&j: &usize| hashes[j] == *h) {
                 missing.push(i);
             }
@@ -84,9 +93,8 @@ impl LruCache {
             if run.is_empty() {
                 parent = i.checked_sub(1).map(|j| hashes[j]);
             }
-            self.tick += 1;
-            self.map.insert(hashes[i], self.tick);
-            self.order.insert(self.tick, hashes[i]);
+            self.map.insert(hashes[i], tick_of(i));
+            self.order.insert(tick_of(i), hashes[i]);
             run.push(hashes[i]);
             prev = Some(i);
         }
@@ -148,6 +156,17 @@ mod tests {
             }
         );
         assert_eq!(ev[2].event, KvEvent::Removed { hashes: hs(&[3]) });
+    }
+
+    #[test]
+    fn a_prompt_loses_its_tail_before_its_prefix() {
+        let mut c = LruCache::new(4);
+        c.serve(&hs(&[1, 2, 3]));
+        // Two new blocks need one slot: the evicted block is 3, the first prompt's tail.
+        c.serve(&hs(&[7, 8]));
+        let ev = c.drain_events();
+        assert_eq!(ev[1].event, KvEvent::Removed { hashes: hs(&[3]) });
+        assert_eq!(c.serve(&hs(&[1, 2, 3])), 2);
     }
 
     #[test]
