@@ -94,9 +94,10 @@ pub struct PlaceConfig {
     /// is compute-bound).
     pub prefill_weight: f64,
     /// Weight of the prefill blocks already queued or running on a worker (ARCHITECTURE.md's
-    /// cost uses `prefill_weight` for both; see [`prefix_load`]). Defaults 48 and 3 (decode
+    /// cost uses `prefill_weight` for both; see [`prefix_load`]). Defaults 24 and 3 (decode
     /// blocks weigh 1) were tuned with `cleave bench route --sweep` for `prefix-optimistic`
-    /// (docs/routing.md); 16 and 1 before.
+    /// (docs/routing.md): 16 and 1 at first, 48 and 3 until workers evicted a finished
+    /// sequence's tail before its prefix.
     pub queued_prefill_weight: f64,
     /// Weight of the uncached prompt blocks that fit in the worker's free KV space, in place of
     /// `prefill_weight`: holding them evicts nothing, so they cost compute but no future hits.
@@ -119,7 +120,7 @@ pub struct PlaceConfig {
 impl Default for PlaceConfig {
     fn default() -> Self {
         Self {
-            prefill_weight: 48.0,
+            prefill_weight: 24.0,
             queued_prefill_weight: 3.0,
             free_prefill_weight: 16.0,
             disagg_min_uncached_blocks: 32,

@@ -142,7 +142,11 @@ pub const DEFAULT_OFFERED_LOAD: f64 = 0.5;
 /// the same 16 : 1 ratio of uncached to queued prefill blocks with the decode blocks weighted a
 /// third as much: over `cleave bench route --sweep` `prefix-optimistic` met the goal in 11, 10
 /// and 10 of 16 cells at seeds 0x5eed, 7 and 99, against 7, 8 and 6 at 16 / 1.
-pub const DEFAULT_SIM_PREFILL_WEIGHT: f64 = 48.0;
+///
+/// Since workers evict a finished sequence's tail before its prefix ([`cache`]), a worker's
+/// cache keeps its shared prefixes and affinity needs less protection: 24 (with 3 and the free
+/// weight 16) met the goal in 13, 13 and 14 cells, 48 in 10, 12 and 12 (docs/routing.md).
+pub const DEFAULT_SIM_PREFILL_WEIGHT: f64 = 24.0;
 /// The queued-prefill weight the simulator uses by default (the router's default).
 pub const DEFAULT_SIM_QUEUED_PREFILL_WEIGHT: f64 = 3.0;
 /// The weight of uncached blocks that fit in a worker's free KV space (the router's default,

@@ -12,7 +12,7 @@
 //!
 //! With `queued_prefill_weight` and `free_prefill_weight` equal to `prefill_weight` this is
 //! ARCHITECTURE.md's `prefill_weight · (active_prefill + uncached) + active_decode + new_decode`
-//! ([`PlaceConfig`]'s defaults are 48, 3 and 16). The two weights are separate because the trace simulation showed
+//! ([`PlaceConfig`]'s defaults are 24, 3 and 16). The two weights are separate because the trace simulation showed
 //! that charging queued prefill work at the full prefill weight pushes requests off the worker
 //! holding their prefix at the first sign of a queue, halving the hit rate; see `router::sim`.
 //!

@@ -40,6 +40,16 @@ fn local_only() -> PlaceConfig {
     }
 }
 
+/// `local_only` with the weights the cost arithmetic in these tests is written for.
+fn weights_48_3_16() -> PlaceConfig {
+    PlaceConfig {
+        prefill_weight: 48.0,
+        queued_prefill_weight: 3.0,
+        free_prefill_weight: 16.0,
+        ..local_only()
+    }
+}
+
 fn all_policies(config: &PlaceConfig) -> Vec<Box<dyn Policy>> {
     PolicyKind::ALL.iter().map(|k| k.build(config)).collect()
 }
@@ -106,7 +116,7 @@ fn uncached_blocks_that_fit_in_free_kv_space_weigh_less() {
         let p = PolicyKind::PrefixLoad.build(config);
         p.place(&req(20, &[10, 0]), &v).unwrap().decode
     };
-    let c = local_only();
+    let c = weights_48_3_16();
     assert_eq!(
         place(&c, 0),
         WorkerId(0),
@@ -118,7 +128,7 @@ fn uncached_blocks_that_fit_in_free_kv_space_weigh_less() {
     assert_eq!(place(&c, 2), WorkerId(0));
     let off = PlaceConfig {
         free_prefill_weight: c.prefill_weight,
-        ..local_only()
+        ..weights_48_3_16()
     };
     assert_eq!(
         place(&off, 1000),
