@@ -93,8 +93,8 @@ pub struct SimConfig {
     /// Also run the reference [`PINNED`]: every request goes to worker `(its first block id /
     /// this) mod workers`, with no regard to load. For the tenant trace, with its
     /// `prefix_blocks`, each tenant lives on one worker and every worker holds the same number
-    /// of tenants: the best static partition, which bounds what any placement that keeps a
-    /// tenant in one place can reach (docs/routing.md). `None`: not run.
+    /// of tenants: the even static partition, what a placement that keeps each tenant in one
+    /// place and spreads them perfectly would reach (docs/routing.md). `None`: not run.
     pub pin_groups_of: Option<u64>,
 }
 
