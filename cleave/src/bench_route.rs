@@ -153,7 +153,7 @@ pub fn bench_route(mut args: RouteArgs) -> anyhow::Result<()> {
     base.place.seed = args.seed;
     let mut goals = String::new();
     for &shape in &args.shape {
-        // For the tenant trace, also the best static partition (each tenant pinned to a worker).
+        // For the tenant trace, also the even static partition (each tenant pinned to a worker).
         let (name, trace, pin): (&str, Vec<TraceRequest>, _) = match shape {
             TraceShape::Mooncake => ("mooncake", sim::load_trace(&args.trace)?, None),
             TraceShape::Tenants => {
