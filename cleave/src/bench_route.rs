@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
-use cleave_router::place::PolicyKind;
+use cleave_router::place::{PlaceConfig, PolicyKind};
 use cleave_router::sim::{self, SimConfig, SimReport, TenantTrace, TimeModel, TraceRequest};
 
 /// Which trace to replay.
@@ -83,6 +83,10 @@ pub struct RouteArgs {
     /// nothing) in prefix-load's cost; `--prefill-weight`'s value turns the distinction off.
     #[arg(long, default_value_t = sim::DEFAULT_SIM_FREE_PREFILL_WEIGHT)]
     pub free_prefill_weight: f64,
+    /// Weight of the prefill work placed on a worker lately (decayed per placement, queued or
+    /// done) in prefix-load's cost; 0 turns it off.
+    #[arg(long, default_value_t = PlaceConfig::default().recent_prefill_weight)]
+    pub recent_prefill_weight: f64,
     /// Policies to compare (default: prefix-load, prefix-optimistic (the router's default), the two
     /// anchors, round-robin).
     #[arg(long, value_delimiter = ',')]
@@ -150,6 +154,7 @@ pub fn bench_route(mut args: RouteArgs) -> anyhow::Result<()> {
     base.place.prefill_weight = args.prefill_weight;
     base.place.queued_prefill_weight = args.queued_prefill_weight;
     base.place.free_prefill_weight = args.free_prefill_weight;
+    base.place.recent_prefill_weight = args.recent_prefill_weight;
     base.place.seed = args.seed;
     let mut goals = String::new();
     for &shape in &args.shape {

@@ -10,8 +10,9 @@
 //! - [`prefix_optimistic`] (default): `prefix-load` over matches extended with the router's
 //!   in-flight placements ([`in_flight`]);
 //! - [`prefix_load`]: lowest `prefill_weight·uncached + queued_prefill_weight·
-//!   active_prefill + active_decode + new_decode` wins (uncached blocks that fit in free KV space
-//!   weigh `free_prefill_weight`), ties by smaller cached tree, then at random;
+//!   active_prefill + recent_prefill_weight·recent_prefill + active_decode + new_decode` wins
+//!   (uncached blocks that fit in free KV space weigh `free_prefill_weight`), ties by smaller
+//!   cached tree, then at random;
 //! - [`round_robin`], [`least_load`], [`random`]: baselines that ignore the prefix cache;
 //! - [`sglang_cache_aware`], [`dynamo_cost`]: the placement of SGLang's router and of Dynamo's KV
 //!   router, re-implemented from their documented algorithms so `cleave bench route` can put
@@ -106,6 +107,12 @@ pub struct PlaceConfig {
     /// vLLM/SGLang server) has none. Default 16 (tuned with `cleave bench route --sweep`,
     /// docs/routing.md); `prefill_weight`'s value turns it off.
     pub free_prefill_weight: f64,
+    /// Weight of the prefill blocks the router placed on the worker lately, queued or done
+    /// ([`WorkerState::recent_prefill_blocks`], decayed per placement): spreads the work that
+    /// could go anywhere by how much each worker has had, so the workers' busy time stays even
+    /// over minutes. Default 2 (tuned with `cleave bench route --sweep` over ten seeds,
+    /// docs/routing.md); 0 turns it off.
+    pub recent_prefill_weight: f64,
     /// Prefill on a separate worker only when at least this many prompt blocks are uncached on
     /// the decode worker (`usize::MAX`: never disaggregate).
     pub disagg_min_uncached_blocks: usize,
@@ -123,6 +130,7 @@ impl Default for PlaceConfig {
             prefill_weight: 24.0,
             queued_prefill_weight: 3.0,
             free_prefill_weight: 16.0,
+            recent_prefill_weight: 2.0,
             disagg_min_uncached_blocks: 32,
             seed: 0x5eed,
             sglang: sglang_cache_aware::SglangConfig::default(),

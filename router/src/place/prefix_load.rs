@@ -7,12 +7,14 @@
 //! ```text
 //! cost(w) = prefill_weight · uncached_prompt_blocks(w)
 //!         + queued_prefill_weight · active_prefill_blocks(w)
+//!         + recent_prefill_weight · recent_prefill_blocks(w)
 //!         + active_decode_blocks(w) + new_decode_blocks
 //! ```
 //!
-//! With `queued_prefill_weight` and `free_prefill_weight` equal to `prefill_weight` this is
-//! ARCHITECTURE.md's `prefill_weight · (active_prefill + uncached) + active_decode + new_decode`
-//! ([`PlaceConfig`]'s defaults are 24, 3 and 16). The two weights are separate because the trace simulation showed
+//! With `queued_prefill_weight` and `free_prefill_weight` equal to `prefill_weight` and
+//! `recent_prefill_weight` 0 this is ARCHITECTURE.md's
+//! `prefill_weight · (active_prefill + uncached) + active_decode + new_decode`
+//! ([`PlaceConfig`]'s defaults are 24, 3, 16 and 2). The two weights are separate because the trace simulation showed
 //! that charging queued prefill work at the full prefill weight pushes requests off the worker
 //! holding their prefix at the first sign of a queue, halving the hit rate; see `router::sim`.
 //!
@@ -22,6 +24,10 @@
 //! says it holds and the prefill blocks queued on it) weigh `free_prefill_weight` instead of
 //! `prefill_weight`: storing them evicts nothing, so they cost the compute but none of the hits
 //! that the full weight protects. A worker that reports no capacity has no free space.
+//! `recent_prefill_blocks(w)` is the prefill work the router placed on `w` lately, queued or done
+//! ([`super::WorkerState::recent_prefill_blocks`]): it steers work that could go anywhere to the
+//! workers that have had less of it, which the queue alone does not (at moderate load queues are
+//! mostly empty when a request arrives).
 //!
 //! Lowest cost wins; ties go to the smaller cached tree (keeps room where caches are full), then
 //! to a seeded random pick, never the first in the list. If the prompt's uncached part on the
@@ -70,6 +76,7 @@ impl Policy for PrefixLoad {
             c.prefill_weight * (uncached - fits) as f64
                 + c.free_prefill_weight * fits as f64
                 + c.queued_prefill_weight * load.prefill_blocks as f64
+                + c.recent_prefill_weight * w.recent_prefill_blocks
         };
         let decode = argmin_random(
             decode_candidates(workers).map(|w| {

@@ -404,3 +404,59 @@ fn dynamo_cost_is_weighted_prefill_plus_decode_blocks() {
         WorkerId(1)
     );
 }
+
+#[test]
+fn recent_prefill_work_decays_per_placement_and_outlives_the_charge() {
+    let mut v = view(2);
+    let recent = |v: &WorkerView, i| v.get(WorkerId(i)).unwrap().recent_prefill_blocks;
+    let on = |w, cached_blocks| Placement {
+        prefill: None,
+        decode: WorkerId(w),
+        cached_blocks,
+    };
+    let first = v.charge(&req(10, &[0, 0]), &on(0, 0));
+    assert_eq!(recent(&v, 0), 10.0);
+    v.release(first);
+    assert_eq!(
+        recent(&v, 0),
+        10.0,
+        "releasing the charge keeps the history"
+    );
+    // One half-life: RECENT_HALF_LIFE_PER_WORKER placements per worker, here fully cached ones
+    // on the other worker (they add nothing).
+    let half_life = (view::RECENT_HALF_LIFE_PER_WORKER * 2.0) as usize;
+    for _ in 0..half_life {
+        let c = v.charge(&req(10, &[0, 10]), &on(1, 10));
+        v.release(c);
+    }
+    assert!((recent(&v, 0) - 5.0).abs() < 1e-9, "{}", recent(&v, 0));
+    assert_eq!(recent(&v, 1), 0.0);
+}
+
+#[test]
+fn work_nobody_holds_spreads_by_recent_prefill_work() {
+    // A stream of prompts no worker holds, each finished before the next arrives: queues are
+    // always empty, so only the recent prefill work tells the workers apart.
+    let spread = |recent_prefill_weight| {
+        let p = PolicyKind::PrefixLoad.build(&PlaceConfig {
+            recent_prefill_weight,
+            ..local_only()
+        });
+        let mut v = view(4);
+        let mut per_worker = [0usize; 4];
+        for _ in 0..400 {
+            let r = req(10, &[0; 4]);
+            let got = p.place(&r, &v).unwrap();
+            per_worker[got.decode.0 as usize] += 1;
+            let c = v.charge(&r, &got);
+            v.release(c);
+        }
+        per_worker
+    };
+    assert_eq!(spread(2.0), [100; 4], "each worker in turn");
+    let blind = spread(0.0);
+    assert!(
+        blind.iter().max().unwrap() - blind.iter().min().unwrap() > 4,
+        "without the term the ties fall at random: {blind:?}"
+    );
+}

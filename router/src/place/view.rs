@@ -7,10 +7,21 @@
 //! looked idle; reports still bring in load the router does not know about (other routers,
 //! requests it lost track of). The prefill part of a charge is released at
 //! [`WorkerView::prefill_done`], the rest at [`WorkerView::release`].
+//!
+//! Each charge also adds its prefill blocks to the worker's *recent prefill work*
+//! ([`WorkerState::recent_prefill_blocks`]), a figure that is never released but decays with
+//! every placement: the worker's share of the prefill work over the last
+//! [`RECENT_HALF_LIFE_PER_WORKER`] placements per worker, whether or not it is still queued.
 
 use cleave_kv_index::WorkerId;
 
 use super::{Placement, PlacementRequest};
+
+/// Half-life of [`WorkerState::recent_prefill_blocks`], in placements per worker of the view:
+/// with `n` workers, every placement multiplies every worker's figure by `2^(-1 / (32 n))`, so it
+/// covers about the last 32 requests per worker whatever the pool's size. 16 to 128 did about
+/// as well in `cleave bench route --sweep` (docs/routing.md).
+pub const RECENT_HALF_LIFE_PER_WORKER: f64 = 32.0;
 
 /// What a worker does.
 #[derive(
@@ -84,6 +95,12 @@ pub struct WorkerState {
     pub reported: Load,
     /// What this router has placed on it and not yet released.
     pub inflight: Load,
+    /// Prefill blocks this router placed on it, decayed by every placement in the view (half-life
+    /// [`RECENT_HALF_LIFE_PER_WORKER`] placements per worker) and never released: how much of
+    /// the recent prefill work went here, queued or done. `prefix-load` weighs it so that work
+    /// that could go anywhere (a prompt nobody holds) goes where less has gone lately, which
+    /// evens out the workers' busy time over minutes as well as their queues now.
+    pub recent_prefill_blocks: f64,
 }
 
 impl WorkerState {
@@ -125,6 +142,7 @@ impl WorkerView {
                     healthy: true,
                     reported: Load::default(),
                     inflight: Load::default(),
+                    recent_prefill_blocks: 0.0,
                 },
             ),
         }
@@ -172,14 +190,21 @@ impl WorkerView {
     }
 
     /// Counts `placement` of `req` against its workers now: the uncached prompt blocks as prefill
-    /// load on the prefilling worker, the prompt and decode blocks plus one queued request on the
-    /// decode worker.
+    /// load (and recent prefill work, after every worker's has decayed by one placement) on the
+    /// prefilling worker, the prompt and decode blocks plus one queued request on the decode
+    /// worker.
     pub fn charge(&mut self, req: &PlacementRequest, placement: &Placement) -> Charge {
         let uncached = req.prompt_blocks.saturating_sub(placement.cached_blocks) as u64;
         let decode_blocks = (req.prompt_blocks + req.decode_blocks) as u64;
         let prefill = (placement.prefill_worker(), uncached);
+        let half_life = RECENT_HALF_LIFE_PER_WORKER * self.workers.len().max(1) as f64;
+        let decay = 0.5f64.powf(half_life.recip());
+        for w in &mut self.workers {
+            w.recent_prefill_blocks *= decay;
+        }
         if let Some(w) = self.get_mut(prefill.0) {
             w.inflight.prefill_blocks += uncached;
+            w.recent_prefill_blocks += uncached as f64;
         }
         if let Some(w) = self.get_mut(placement.decode) {
             w.inflight.decode_blocks += decode_blocks;

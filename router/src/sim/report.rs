@@ -154,10 +154,11 @@ impl SimReport {
         let p = &self.place;
         let _ = writeln!(
             out,
-            "placement: prefix-load {}·uncached ({} where it fits in free KV) + {}·queued_prefill + decode; sglang cache_threshold {} balance_abs {} balance_rel {}; dynamo overlap_score_weight {} temperature 0; seed {:#x}",
+            "placement: prefix-load {}·uncached ({} where it fits in free KV) + {}·queued_prefill + {}·recent_prefill + decode; sglang cache_threshold {} balance_abs {} balance_rel {}; dynamo overlap_score_weight {} temperature 0; seed {:#x}",
             p.prefill_weight,
             p.free_prefill_weight,
             p.queued_prefill_weight,
+            p.recent_prefill_weight,
             p.sglang.cache_threshold,
             p.sglang.balance_abs_threshold,
             p.sglang.balance_rel_threshold,
