@@ -328,6 +328,20 @@ impl Reservation {
                 .prefill_done(t, self.cluster.now());
         }
     }
+
+    /// The worker said it had `cached_tokens` of the prompt cached (its usage, reported when the
+    /// request finished): corrects the recent prefill work the charge added, from what the
+    /// index expected to what the worker computed ([`crate::place::WorkerView::prefill_measured`]).
+    /// Call it only for a request whose prefill ran (a token came).
+    pub fn prefill_measured(&mut self, cached_tokens: usize) {
+        if let Some(c) = &mut self.charge {
+            self.cluster
+                .view
+                .lock()
+                .expect("view")
+                .prefill_measured(c, (cached_tokens / BLOCK_SIZE) as u64);
+        }
+    }
 }
 
 impl Drop for Reservation {

@@ -329,6 +329,9 @@ struct Cluster<'a> {
     view: WorkerView,
     workers: Vec<SimWorker>,
     charges: Vec<Option<Charge>>,
+    /// Per request, the prompt blocks its worker had cached: what its usage reports at the end
+    /// (`cached_tokens`), where the live router learns it.
+    cached: Vec<u64>,
     /// (end of iteration, worker), earliest first.
     pending: BinaryHeap<Reverse<(u64, usize)>>,
     ttft: Vec<f64>,
@@ -373,7 +376,8 @@ impl Cluster<'_> {
                 }
             }
             for r in done.finished {
-                if let Some(c) = self.charges[r].take() {
+                if let Some(mut c) = self.charges[r].take() {
+                    self.view.prefill_measured(&mut c, self.cached[r]);
                     self.view.release(c);
                 }
             }
@@ -400,6 +404,7 @@ fn run_policy(
             .map(|_| SimWorker::new(capacity))
             .collect(),
         charges: Vec::with_capacity(trace.len()),
+        cached: Vec::with_capacity(trace.len()),
         pending: BinaryHeap::new(),
         ttft: Vec::with_capacity(trace.len()),
         itl: Vec::new(),
@@ -485,6 +490,7 @@ fn run_policy(
             .map(|o| o.add(wid, hashes.clone(), Duration::from_secs_f64(now.max(0.0))));
         c.tickets.push(ticket);
         let cached = c.workers[w].cache.serve(&hashes);
+        c.cached.push(cached as u64);
         if cached != req.matches.matched(wid) {
             stale += 1;
         }

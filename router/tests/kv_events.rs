@@ -17,6 +17,7 @@ use cleave_router::dispatch::Cluster;
 use cleave_router::events::{
     subscribe, ChainConfig, FeedStats, PodDefaults, PodSpec, Pool, Source,
 };
+use cleave_router::place::view::RECENT_HALF_LIFE_PER_WORKER;
 use cleave_router::place::{BuildPolicy, PlaceConfig, PolicyKind, Role};
 use rmpv::Value;
 use tokio::sync::watch;
@@ -425,6 +426,34 @@ async fn prefix_load_places_requests_on_the_pod_holding_the_prefix() {
             "the other pod got it"
         );
     }
+    // A prompt neither pod holds is charged as 5 blocks to compute; the pod's usage says it had
+    // 64 tokens cached, so its recent prefill work grows by the 1 block it computed.
+    let recent = |w| {
+        let view = cluster.view.lock().unwrap();
+        view.get(w).unwrap().recent_prefill_blocks
+    };
+    let before = [recent(w0), recent(w1)];
+    let mut p = tokens(7000..7064);
+    p.extend(1..7);
+    let req = BackendRequest {
+        request_id: "cold".into(),
+        prompt: p,
+        params: cleave_engine::sample::SamplingParams {
+            max_tokens: 4,
+            ..Default::default()
+        },
+        traceparent: None,
+    };
+    let _: Vec<BackendEvent> = pool.generate(req).await.unwrap().collect().await;
+    let pod = usize::from(logs[0].lock().unwrap().is_empty());
+    assert_eq!(logs[pod].lock().unwrap().len(), 1, "one pod got it");
+    let decay = 0.5f64.powf(1.0 / (RECENT_HALF_LIFE_PER_WORKER * 2.0));
+    let got = recent(WorkerId(pod as u64));
+    assert!(
+        (got - (before[pod] * decay + 1.0)).abs() < 1e-9,
+        "recent prefill work of pod {pod}: {got}, from {}",
+        before[pod]
+    );
     // The router's charges were all given back.
     assert!(cluster.no_load_charged());
     shutdown.cancel();

@@ -23,7 +23,7 @@ enum State {
     Streaming {
         stream: WorkerStream,
         /// Held while the worker serves the stream (its load charge).
-        _reservation: Reservation,
+        reservation: Reservation,
         decode: WorkerId,
     },
     Opening(Opening),
@@ -49,7 +49,7 @@ impl Migrating {
             migrations: 0,
             state: State::Streaming {
                 stream: opened.stream,
-                _reservation: opened.reservation,
+                reservation: opened.reservation,
                 decode: opened.decode,
             },
         }
@@ -94,7 +94,7 @@ impl Stream for Migrating {
                     Ok(o) => {
                         this.state = State::Streaming {
                             stream: o.stream,
-                            _reservation: o.reservation,
+                            reservation: o.reservation,
                             decode: o.decode,
                         }
                     }
@@ -105,7 +105,11 @@ impl Stream for Migrating {
                         ))));
                     }
                 },
-                State::Streaming { stream, decode, .. } => {
+                State::Streaming {
+                    stream,
+                    decode,
+                    reservation,
+                } => {
                     let decode = *decode;
                     let failed = match ready!(stream.as_mut().poll_next(cx)) {
                         None => "the stream ended before the request finished".to_string(),
@@ -121,6 +125,18 @@ impl Stream for Migrating {
                             Some(ev) => {
                                 match &ev {
                                     BackendEvent::Token { id, .. } => this.generated.push(*id),
+                                    BackendEvent::Finished {
+                                        completion_tokens,
+                                        cached_tokens,
+                                        ..
+                                    } => {
+                                        // The worker's count of what it had cached corrects
+                                        // the router's guess (a prefill that ran only).
+                                        if *completion_tokens > 0 {
+                                            reservation.prefill_measured(*cached_tokens);
+                                        }
+                                        this.state = State::Done;
+                                    }
                                     _ => this.state = State::Done,
                                 }
                                 return Poll::Ready(Some(ev));

@@ -400,7 +400,7 @@ async fn relay_until_end(
         };
         let chunk = match chunk {
             Ok(Some(c)) => c,
-            Ok(None) => return Some(state.finished()),
+            Ok(None) => return Some(state.end(release)),
             Err(e) => {
                 return Some(BackendEvent::Error(format!(
                     "engine pod stream failed: {e}"
@@ -416,7 +416,7 @@ async fn relay_until_end(
             };
             let data = data.trim();
             if data == "[DONE]" {
-                return Some(state.finished());
+                return Some(state.end(release));
             }
             for ev in state.on_chunk(data) {
                 match ev {
@@ -437,7 +437,8 @@ async fn relay_until_end(
 struct Relay {
     prompt_tokens: usize,
     completion_tokens: Option<usize>,
-    cached_tokens: usize,
+    /// `None` until the pod reports it (vLLM only with `--enable-prompt-tokens-details`).
+    cached_tokens: Option<usize>,
     tokens_seen: usize,
     reason: Option<FinishReason>,
 }
@@ -460,7 +461,7 @@ impl Relay {
                 self.prompt_tokens = p;
             }
             self.completion_tokens = n("/completion_tokens").or(self.completion_tokens);
-            self.cached_tokens = n("/prompt_tokens_details/cached_tokens").unwrap_or(0);
+            self.cached_tokens = n("/prompt_tokens_details/cached_tokens");
         }
         let mut out = Vec::new();
         let choice = v.pointer("/choices/0");
@@ -489,12 +490,22 @@ impl Relay {
         out
     }
 
+    /// The final event, after correcting the router's guess of the prefill work with what the
+    /// pod says it had cached (when it says, and when a token came: the prefill ran).
+    fn end(&self, release: &mut Reservation) -> BackendEvent {
+        let completed = self.completion_tokens.unwrap_or(self.tokens_seen);
+        if let (Some(cached), true) = (self.cached_tokens, completed > 0) {
+            release.prefill_measured(cached);
+        }
+        self.finished()
+    }
+
     fn finished(&self) -> BackendEvent {
         BackendEvent::Finished {
             reason: self.reason.unwrap_or(FinishReason::Aborted),
             prompt_tokens: self.prompt_tokens,
             completion_tokens: self.completion_tokens.unwrap_or(self.tokens_seen),
-            cached_tokens: self.cached_tokens,
+            cached_tokens: self.cached_tokens.unwrap_or(0),
             text: String::new(),
         }
     }
@@ -561,6 +572,54 @@ mod tests {
         ] {
             assert!(PodSpec::parse(bad, &d).is_err(), "{bad}");
         }
+    }
+
+    /// A reservation for a 5-block prompt the index said pod 0 held 4 blocks of.
+    fn reserved() -> (Arc<Cluster>, Reservation) {
+        let cluster = Arc::new(Cluster::default());
+        cluster.view.lock().unwrap().upsert(WorkerId(0), Role::Both);
+        let prompt: Vec<u32> = (0..70).collect();
+        let prepared = cluster.prepare(&prompt, 4);
+        let placement = crate::place::Placement {
+            prefill: None,
+            decode: WorkerId(0),
+            cached_blocks: 4,
+        };
+        let r = cluster.reserve(prepared, &placement);
+        (cluster, r)
+    }
+
+    fn recent(cluster: &Cluster) -> f64 {
+        let view = cluster.view.lock().unwrap();
+        view.get(WorkerId(0)).unwrap().recent_prefill_blocks
+    }
+
+    #[test]
+    fn the_pods_cached_tokens_correct_the_recent_prefill_work() {
+        let usage = |details: &str| {
+            format!(
+                r#"{{"choices":[],"usage":{{"prompt_tokens":70,"completion_tokens":1{details}}}}}"#
+            )
+        };
+        // The pod had nothing cached: it computed all 5 blocks, not the 1 charged.
+        let (cluster, mut res) = reserved();
+        assert_eq!(recent(&cluster), 1.0);
+        let mut r = Relay::default();
+        r.on_chunk(&usage(r#","prompt_tokens_details":{"cached_tokens":0}"#));
+        r.end(&mut res);
+        assert_eq!(recent(&cluster), 5.0);
+        // A pod that does not report cached tokens leaves the router's guess alone.
+        let (cluster, mut res) = reserved();
+        let mut r = Relay::default();
+        r.on_chunk(&usage(""));
+        r.end(&mut res);
+        assert_eq!(recent(&cluster), 1.0);
+        // Nor does a request that produced no token (its prefill may never have run).
+        let (cluster, mut res) = reserved();
+        let mut r = Relay::default();
+        r.on_chunk(r#"{"choices":[],"usage":{"prompt_tokens":70,"completion_tokens":0,"prompt_tokens_details":{"cached_tokens":0}}}"#);
+        r.end(&mut res);
+        assert_eq!(recent(&cluster), 1.0);
     }
 
     #[test]

@@ -460,3 +460,70 @@ fn work_nobody_holds_spreads_by_recent_prefill_work() {
         "without the term the ties fall at random: {blind:?}"
     );
 }
+
+#[test]
+fn measured_prefill_corrects_the_recent_work_once() {
+    let mut v = view(2);
+    let recent = |v: &WorkerView| v.get(WorkerId(0)).unwrap().recent_prefill_blocks;
+    let on0 = |cached_blocks| Placement {
+        prefill: None,
+        decode: WorkerId(0),
+        cached_blocks,
+    };
+    // The index said 6 of 10 blocks were cached; the worker had none of them.
+    let mut c = v.charge(&req(10, &[6, 0]), &on0(6));
+    assert_eq!(recent(&v), 4.0);
+    v.prefill_measured(&mut c, 0);
+    assert_eq!(recent(&v), 10.0, "corrected to the 10 blocks it computed");
+    v.prefill_measured(&mut c, 10);
+    assert_eq!(recent(&v), 10.0, "once per charge");
+    v.release(c);
+    assert_eq!(recent(&v), 10.0, "releasing keeps the history");
+    // A worker that had more cached than the index knew computed less; never below zero.
+    let mut v = view(2);
+    let mut c = v.charge(&req(10, &[0, 0]), &on0(0));
+    v.prefill_measured(&mut c, 10);
+    assert_eq!(recent(&v), 0.0);
+    v.release(c);
+}
+
+#[test]
+fn a_worker_missing_what_the_index_says_it_holds_gets_less_other_work() {
+    // Worker 0 keeps being sent a prefix the index says it holds but it has evicted (its
+    // events lag): every such request is a whole prefill there (until, measured, its recent
+    // work outweighs the prefix it is said to hold). Interleaved with prompts
+    // nobody holds, each finished before the next arrives.
+    let others_on_0 = |measured: bool| {
+        let p = PolicyKind::PrefixLoad.build(&local_only());
+        let mut v = view(4);
+        let mut on_0 = 0;
+        for _ in 0..200 {
+            let stale = req(10, &[10, 0, 0, 0]);
+            let got = p.place(&stale, &v).unwrap();
+            let mut c = v.charge(&stale, &got);
+            if measured {
+                v.prefill_measured(&mut c, 0);
+            }
+            v.release(c);
+            let cold = req(10, &[0; 4]);
+            let got = p.place(&cold, &v).unwrap();
+            on_0 += usize::from(got.decode == WorkerId(0));
+            let mut c = v.charge(&cold, &got);
+            if measured {
+                v.prefill_measured(&mut c, 0);
+            }
+            v.release(c);
+        }
+        on_0
+    };
+    let blind = others_on_0(false);
+    let measured = others_on_0(true);
+    assert!(
+        blind >= 45,
+        "unmeasured, worker 0 looks idle: {blind} of 200"
+    );
+    assert!(
+        measured * 4 < blind,
+        "measured, it takes less: {measured} against {blind} of 200"
+    );
+}

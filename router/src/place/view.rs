@@ -12,6 +12,11 @@
 //! ([`WorkerState::recent_prefill_blocks`]), a figure that is never released but decays with
 //! every placement: the worker's share of the prefill work over the last
 //! [`RECENT_HALF_LIFE_PER_WORKER`] placements per worker, whether or not it is still queued.
+//! What the router charges is what the prefix index expected the worker to have cached; when the
+//! worker says what it had ([`WorkerView::prefill_measured`], from the `cached_tokens` of its
+//! usage), the figure is corrected to the work it did. The two differ where the index lags the
+//! worker's evictions, and that is where the work piles up: on a worker that evicts prefixes it
+//! is still being sent (issue 17's tenants trace at 32 workers, docs/routing.md).
 
 use cleave_kv_index::WorkerId;
 
@@ -116,6 +121,9 @@ impl WorkerState {
 pub struct Charge {
     prefill: Option<(WorkerId, u64)>,
     decode: (WorkerId, u64),
+    /// Until measured: the worker whose recent prefill work this charge added to, the prompt's
+    /// blocks and the uncached blocks added.
+    recent: Option<(WorkerId, u64, u64)>,
 }
 
 /// The router's workers, sorted by id.
@@ -213,6 +221,7 @@ impl WorkerView {
         Charge {
             prefill: Some(prefill),
             decode: (placement.decode, decode_blocks),
+            recent: Some((prefill.0, req.prompt_blocks as u64, uncached)),
         }
     }
 
@@ -221,6 +230,21 @@ impl WorkerView {
         if let Some((id, blocks)) = charge.prefill.take() {
             if let Some(w) = self.get_mut(id) {
                 w.inflight.prefill_blocks = w.inflight.prefill_blocks.saturating_sub(blocks);
+            }
+        }
+    }
+
+    /// The worker said it had the first `cached_blocks` of the prompt cached (its usage's
+    /// `cached_tokens`, in blocks): the recent prefill work of `charge`'s prefilling worker is
+    /// corrected from the blocks the router expected it to compute to the blocks it computed
+    /// (at most once per charge; before [`WorkerView::release`]). The correction counts as work
+    /// done now, undecayed.
+    pub fn prefill_measured(&mut self, charge: &mut Charge, cached_blocks: u64) {
+        if let Some((id, prompt, charged)) = charge.recent.take() {
+            if let Some(w) = self.get_mut(id) {
+                let computed = prompt.saturating_sub(cached_blocks);
+                w.recent_prefill_blocks =
+                    (w.recent_prefill_blocks + computed as f64 - charged as f64).max(0.0);
             }
         }
     }
