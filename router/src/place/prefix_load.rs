@@ -25,9 +25,10 @@
 //! `prefill_weight`: storing them evicts nothing, so they cost the compute but none of the hits
 //! that the full weight protects. A worker that reports no capacity has no free space.
 //! `recent_prefill_blocks(w)` is the prefill work the router placed on `w` lately, queued or done
-//! ([`super::WorkerState::recent_prefill_blocks`]): it steers work that could go anywhere to the
-//! workers that have had less of it, which the queue alone does not (at moderate load queues are
-//! mostly empty when a request arrives).
+//! ([`super::WorkerState::recent_prefill_blocks`]), corrected with the cached tokens the worker
+//! reports when each request finishes ([`super::WorkerView::prefill_measured`]): it steers work
+//! that could go anywhere to the workers that have had less of it, which the queue alone does
+//! not (at moderate load queues are mostly empty when a request arrives).
 //!
 //! Lowest cost wins; ties go to the smaller cached tree (keeps room where caches are full), then
 //! to a seeded random pick, never the first in the list. If the prompt's uncached part on the

@@ -101,7 +101,8 @@ pub struct WorkerState {
     /// What this router has placed on it and not yet released.
     pub inflight: Load,
     /// Prefill blocks this router placed on it, decayed by every placement in the view (half-life
-    /// [`RECENT_HALF_LIFE_PER_WORKER`] placements per worker) and never released: how much of
+    /// [`RECENT_HALF_LIFE_PER_WORKER`] placements per worker) and never released, corrected to
+    /// what the worker computed once it says ([`WorkerView::prefill_measured`]): how much of
     /// the recent prefill work went here, queued or done. `prefix-load` weighs it so that work
     /// that could go anywhere (a prompt nobody holds) goes where less has gone lately, which
     /// evens out the workers' busy time over minutes as well as their queues now.
