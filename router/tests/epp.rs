@@ -414,7 +414,26 @@ async fn headers_answer_first_then_the_body_in_order_and_load_decides() {
         r.response,
         Some(processing_response::Response::ResponseHeaders(_))
     ));
-    for (i, chunk) in [&b"data: 1\n\n"[..], b"data: [DONE]\n\n"]
+    // The server's usage says it had the whole prompt cached: the idle server's recent prefill
+    // work, charged with the prompt's blocks at the pick, is corrected to none once the response
+    // ends.
+    let idle_id = running
+        .pool
+        .destinations()
+        .into_iter()
+        .find(|(_, d)| *d == idle.addr.to_string())
+        .expect("a member")
+        .0;
+    let recent = || {
+        let view = running.pool.cluster().view.lock().unwrap();
+        view.get(idle_id).unwrap().recent_prefill_blocks
+    };
+    assert!(recent() > 0.0, "the pick charged the prompt's blocks");
+    let usage = concat!(
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":40,\"completion_tokens\":1,",
+        "\"prompt_tokens_details\":{\"cached_tokens\":100000}}}\n\n"
+    );
+    for (i, chunk) in [&b"data: 1\n\n"[..], usage.as_bytes(), b"data: [DONE]\n\n"]
         .iter()
         .enumerate()
     {
@@ -422,7 +441,7 @@ async fn headers_answer_first_then_the_body_in_order_and_load_decides() {
             .send(ProcessingRequest {
                 request: Some(processing_request::Request::ResponseBody(HttpBody {
                     body: chunk.to_vec(),
-                    end_of_stream: i == 1,
+                    end_of_stream: i == 2,
                 })),
                 ..Default::default()
             })
@@ -439,11 +458,12 @@ async fn headers_answer_first_then_the_body_in_order_and_load_decides() {
         {
             Some(body_mutation::Mutation::StreamedResponse(s)) => {
                 assert_eq!(&s.body[..], *chunk);
-                assert_eq!(s.end_of_stream, i == 1);
+                assert_eq!(s.end_of_stream, i == 2);
             }
             other => panic!("not a streamed response body: {other:?}"),
         }
     }
+    assert_eq!(recent(), 0.0, "corrected by the server's cached_tokens");
     // The busy server's load drops: now it is picked.
     *busy.text.lock().unwrap() = vllm_text(0, 0, 0.0);
     *idle.text.lock().unwrap() = vllm_text(30, 2, 0.5);

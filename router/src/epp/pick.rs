@@ -139,6 +139,37 @@ impl Picked {
     pub fn prefill_done(&mut self) {
         self.reservation.prefill_done();
     }
+
+    /// The response ended; `tail` is its last bytes. If they hold the OpenAI usage with
+    /// `prompt_tokens_details.cached_tokens` and at least one completion token (a prefill that
+    /// ran), the server's count corrects the router's guess of the prefill work
+    /// ([`Reservation::prefill_measured`]).
+    pub fn response_ended(&mut self, tail: &[u8]) {
+        if let Some(cached) = cached_tokens_in(tail) {
+            self.reservation.prefill_measured(cached);
+        }
+    }
+}
+
+/// How many bytes of a response's end [`Picked::response_ended`] needs: the usage object (the
+/// last SSE event of a stream with `include_usage`, the last field of a JSON body).
+pub const RESPONSE_TAIL_BYTES: usize = 4096;
+
+/// `usage.prompt_tokens_details.cached_tokens` from the last `"usage"` object in `tail`, when
+/// `usage.completion_tokens` is above 0.
+fn cached_tokens_in(tail: &[u8]) -> Option<usize> {
+    const KEY: &[u8] = b"\"usage\"";
+    let at = tail.windows(KEY.len()).rposition(|w| w == KEY)?;
+    let rest = &tail[at + KEY.len()..];
+    let colon = rest.iter().position(|&b| b == b':')?;
+    let mut values =
+        serde_json::Deserializer::from_slice(&rest[colon + 1..]).into_iter::<serde_json::Value>();
+    let usage = values.next()?.ok()?;
+    let n = |p: &str| usage.pointer(p).and_then(|v| v.as_u64());
+    (n("/completion_tokens")? > 0)
+        .then(|| n("/prompt_tokens_details/cached_tokens"))
+        .flatten()
+        .map(|c| c as usize)
 }
 
 /// Picks endpoints from a pool.
@@ -297,5 +328,33 @@ impl Picker {
             view.remove(id);
         }
         Ok(view)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cached_tokens_in;
+
+    #[test]
+    fn cached_tokens_come_from_the_last_usage_of_a_stream_or_a_body() {
+        let sse = concat!(
+            "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}],\"usage\":null}\n\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":70,\"completion_tokens\":3,",
+            "\"prompt_tokens_details\":{\"cached_tokens\":48}}}\n\n",
+            "data: [DONE]\n\n"
+        );
+        assert_eq!(cached_tokens_in(sse.as_bytes()), Some(48));
+        let body = r#"{"id":"x","choices":[{"message":{"content":"Hi"}}],"usage": {"prompt_tokens":70,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":0}}}"#;
+        assert_eq!(cached_tokens_in(body.as_bytes()), Some(0));
+        // Not reported, no token (the prefill may never have run), cut off, or no usage at all.
+        for none in [
+            r#"{"usage":{"prompt_tokens":70,"completion_tokens":3}}"#,
+            r#"{"usage":{"completion_tokens":0,"prompt_tokens_details":{"cached_tokens":9}}}"#,
+            r#"{"usage":{"completion_tokens":3,"prompt_tokens_de"#,
+            "data: {\"choices\":[{\"delta\":{}}]}\n\ndata: [DONE]\n\n",
+            "data: {\"usage\":null}\n\n",
+        ] {
+            assert_eq!(cached_tokens_in(none.as_bytes()), None, "{none}");
+        }
     }
 }

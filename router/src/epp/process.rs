@@ -16,7 +16,9 @@
 //!
 //! Response phase: headers, body chunks (echoed in FULL_DUPLEX_STREAMED, else passed on) and
 //! trailers are answered unchanged; the picked worker's optimistic charge is released when the
-//! response ends or the stream closes.
+//! response ends or the stream closes. The response body's last bytes are kept: when they carry
+//! the OpenAI usage with `cached_tokens`, the server's count corrects the router's guess of the
+//! prefill work it did ([`Picked::response_ended`]).
 
 use std::sync::Arc;
 
@@ -69,6 +71,7 @@ impl ExternalProcessor for EndpointPicker {
             size: 0,
             picked: None,
             routed: false,
+            response_tail: Vec::new(),
         };
         // One of the router's tasks: it ends with Envoy's stream or at the stop.
         self.picker.cluster().spawn(exchange.run(inbound));
@@ -104,6 +107,8 @@ struct Exchange {
     picked: Option<Picked>,
     /// Whether the destination has been sent (a pick was made and answered).
     routed: bool,
+    /// The last [`pick::RESPONSE_TAIL_BYTES`] of the response body.
+    response_tail: Vec<u8>,
 }
 
 impl Exchange {
@@ -160,8 +165,14 @@ impl Exchange {
                 self.send(protocol::response_headers_continue()).await
             }
             Some(R::ResponseBody(b)) => {
+                self.response_tail.extend_from_slice(&b.body);
+                let excess = self
+                    .response_tail
+                    .len()
+                    .saturating_sub(pick::RESPONSE_TAIL_BYTES);
+                self.response_tail.drain(..excess);
                 if b.end_of_stream {
-                    self.picked = None;
+                    self.response_ended();
                 }
                 match modes.1 {
                     BodySendMode::FullDuplexStreamed => {
@@ -172,10 +183,18 @@ impl Exchange {
                 }
             }
             Some(R::ResponseTrailers(_)) => {
-                self.picked = None;
+                self.response_ended();
                 self.send(protocol::trailers_continue(false)).await
             }
             None => Ok(()),
+        }
+    }
+
+    /// The response is over: the server's usage (if its tail has it) corrects the charge, which
+    /// is then released.
+    fn response_ended(&mut self) {
+        if let Some(mut p) = self.picked.take() {
+            p.response_ended(&self.response_tail);
         }
     }
 
