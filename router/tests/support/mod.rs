@@ -26,9 +26,11 @@ type Events = Pin<Box<dyn Stream<Item = Result<pb::GenerateEvent, Status>> + Sen
 type Updates = Pin<Box<dyn Stream<Item = Result<pb::WorkerUpdate, Status>> + Send>>;
 
 /// A decode worker that answers every request with two tokens; the second (and the end of
-/// the stream) waits until the gate is open.
+/// the stream) waits until the gate is open. Its usage reports no cached tokens, or the whole
+/// prompt when `all_cached`.
 struct Fake {
     gate: watch::Receiver<bool>,
+    all_cached: bool,
 }
 
 fn token(id: u32, text: &str) -> pb::GenerateEvent {
@@ -51,6 +53,7 @@ impl DecodeWorker for Fake {
         req: Request<pb::GenerateRequest>,
     ) -> Result<Response<Events>, Status> {
         let prompt_tokens = req.get_ref().prompt.len() as u32;
+        let cached_tokens = if self.all_cached { prompt_tokens } else { 0 };
         let mut gate = self.gate.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         tokio::spawn(async move {
@@ -63,6 +66,7 @@ impl DecodeWorker for Fake {
                     reason: pb::FinishReason::Length.into(),
                     prompt_tokens,
                     completion_tokens: 2,
+                    cached_tokens,
                     ..Default::default()
                 })),
             };
@@ -82,12 +86,21 @@ impl DecodeWorker for Fake {
 
 /// A fake decode worker's endpoint and the sender of its gate (`true`: streams finish).
 pub async fn worker(open: bool) -> (String, watch::Sender<bool>) {
+    fake(open, false).await
+}
+
+/// [`worker`] whose usage says it had every prompt token cached.
+pub async fn worker_with_all_cached(open: bool) -> (String, watch::Sender<bool>) {
+    fake(open, true).await
+}
+
+async fn fake(open: bool, all_cached: bool) -> (String, watch::Sender<bool>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, gate) = watch::channel(open);
     tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(DecodeWorkerServer::new(Fake { gate }))
+            .add_service(DecodeWorkerServer::new(Fake { gate, all_cached }))
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
     (format!("http://{addr}"), tx)
