@@ -87,6 +87,11 @@ pub struct RouteArgs {
     /// done) in prefix-load's cost; 0 turns it off.
     #[arg(long, default_value_t = PlaceConfig::default().recent_prefill_weight)]
     pub recent_prefill_weight: f64,
+    /// Leave the recent prefill work at what the router charged (the index's guess) instead of
+    /// correcting it with each request's cached blocks when it finishes, as the live router
+    /// does with the cached tokens its workers report.
+    #[arg(long)]
+    pub unmeasured_prefill: bool,
     /// Policies to compare (default: prefix-load, prefix-optimistic (the router's default), the two
     /// anchors, round-robin).
     #[arg(long, value_delimiter = ',')]
@@ -176,6 +181,7 @@ pub fn bench_route(mut args: RouteArgs) -> anyhow::Result<()> {
                     workers,
                     capacity_divisor: divisor,
                     pin_groups_of: pin,
+                    measured_prefill: !args.unmeasured_prefill,
                     ..base.clone()
                 };
                 let report = sim::run(&trace, &config)?;

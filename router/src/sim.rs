@@ -96,6 +96,10 @@ pub struct SimConfig {
     /// of tenants: the even static partition, what a placement that keeps each tenant in one
     /// place and spreads them perfectly would reach (docs/routing.md). `None`: not run.
     pub pin_groups_of: Option<u64>,
+    /// Correct the router's recent prefill work with each request's cached blocks when it
+    /// finishes, as the live router does with the cached tokens its workers report
+    /// ([`WorkerView::prefill_measured`]); `false`: the index's guess alone.
+    pub measured_prefill: bool,
 }
 
 /// Name of the pinned reference in reports ([`SimConfig::pin_groups_of`]).
@@ -119,6 +123,7 @@ impl Default for SimConfig {
             },
             policies: PolicyKind::ALL.to_vec(),
             pin_groups_of: None,
+            measured_prefill: true,
         }
     }
 }
@@ -309,6 +314,7 @@ pub fn run(trace: &[TraceRequest], config: &SimConfig) -> Result<SimReport, SimE
         offered_load: config.offered_load,
         arrival_scale: scale,
         place: config.place.clone(),
+        measured_prefill: config.measured_prefill,
         pooled_hit_rate: pooled,
         ttft_floor_p50_s: floor_p50,
         ttft_floor_p99_s: floor_p99,
@@ -332,6 +338,8 @@ struct Cluster<'a> {
     /// Per request, the prompt blocks its worker had cached: what its usage reports at the end
     /// (`cached_tokens`), where the live router learns it.
     cached: Vec<u64>,
+    /// [`SimConfig::measured_prefill`].
+    measured_prefill: bool,
     /// (end of iteration, worker), earliest first.
     pending: BinaryHeap<Reverse<(u64, usize)>>,
     ttft: Vec<f64>,
@@ -377,7 +385,9 @@ impl Cluster<'_> {
             }
             for r in done.finished {
                 if let Some(mut c) = self.charges[r].take() {
-                    self.view.prefill_measured(&mut c, self.cached[r]);
+                    if self.measured_prefill {
+                        self.view.prefill_measured(&mut c, self.cached[r]);
+                    }
                     self.view.release(c);
                 }
             }
@@ -405,6 +415,7 @@ fn run_policy(
             .collect(),
         charges: Vec::with_capacity(trace.len()),
         cached: Vec::with_capacity(trace.len()),
+        measured_prefill: config.measured_prefill,
         pending: BinaryHeap::new(),
         ttft: Vec::with_capacity(trace.len()),
         itl: Vec::new(),

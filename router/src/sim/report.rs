@@ -56,6 +56,9 @@ pub struct SimReport {
     pub arrival_scale: f64,
     #[serde(skip)]
     pub place: PlaceConfig,
+    /// [`super::SimConfig::measured_prefill`].
+    #[serde(skip)]
+    pub measured_prefill: bool,
     /// Hit rate of one LRU cache of `workers × capacity_blocks` blocks.
     pub pooled_hit_rate: f64,
     /// TTFT p50 with the pooled cache's hits and no queue (see `sim::run`): the floor.
@@ -154,11 +157,12 @@ impl SimReport {
         let p = &self.place;
         let _ = writeln!(
             out,
-            "placement: prefix-load {}·uncached ({} where it fits in free KV) + {}·queued_prefill + {}·recent_prefill + decode; sglang cache_threshold {} balance_abs {} balance_rel {}; dynamo overlap_score_weight {} temperature 0; seed {:#x}",
+            "placement: prefix-load {}·uncached ({} where it fits in free KV) + {}·queued_prefill + {}·recent_prefill ({}) + decode; sglang cache_threshold {} balance_abs {} balance_rel {}; dynamo overlap_score_weight {} temperature 0; seed {:#x}",
             p.prefill_weight,
             p.free_prefill_weight,
             p.queued_prefill_weight,
             p.recent_prefill_weight,
+            if self.measured_prefill { "measured" } else { "charged" },
             p.sglang.cache_threshold,
             p.sglang.balance_abs_threshold,
             p.sglang.balance_rel_threshold,
