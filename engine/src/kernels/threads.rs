@@ -36,6 +36,20 @@ impl Threads {
     pub fn count(&self) -> usize {
         self.n
     }
+
+    /// Runs `f` on each job, the jobs spread over the pool (inline without one, or for a
+    /// single job); returns when all are done.
+    pub fn run<T: Send>(&self, jobs: Vec<T>, f: impl Fn(T) + Sync) {
+        match &self.pool {
+            Some(pool) if jobs.len() > 1 => pool.scope(|s| {
+                let f = &f;
+                for job in jobs {
+                    s.spawn(move |_| f(job));
+                }
+            }),
+            _ => jobs.into_iter().for_each(f),
+        }
+    }
 }
 
 impl Default for Threads {

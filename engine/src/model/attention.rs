@@ -1,6 +1,7 @@
 //! Paged attention: keys and values are written into, and read from, block slots of the KV
 //! region directly, following each sequence's block table.
 
+use crate::kernels::Threads;
 use crate::kv::memory::{KvCache, KvDtype, KvElem, KvLayout};
 use crate::kv::BlockId;
 
@@ -75,18 +76,32 @@ impl AttnParams {
     }
 }
 
-/// Scratch space reused across calls.
+/// Scratch space reused across calls: one part per thread that attention is split over.
 #[derive(Default)]
 pub struct AttnScratch {
+    parts: Vec<Part>,
+}
+
+/// One thread's scratch space.
+#[derive(Default)]
+struct Part {
     scores: Vec<f32>,
     acc: Vec<f32>,
     /// (key, value) element offsets of the positions a kv head attends to.
     rows: Vec<(usize, usize)>,
 }
 
+/// Fewer (position × query head) pairs than this in a whole call run on the calling thread: a
+/// decode step at a short context costs less than waking the pool.
+const THREADED_PAIRS: usize = 1 << 14;
+
 /// Causal attention of every batch token over its sequence's cached positions `0..=pos` (the
 /// last `window` of them for a window layer). `q` holds `n_heads * head_dim` per token; `out`
 /// receives the same shape.
+///
+/// The work is a list of items, one per (batch token, kv head), split into contiguous runs of
+/// about equal cost over `threads`; each item is computed start to end by one thread with the
+/// same operations whatever the split, so the result is bit-identical for any thread count.
 #[allow(clippy::too_many_arguments)]
 pub fn attend(
     cache: &KvCache,
@@ -97,38 +112,38 @@ pub fn attend(
     params: &AttnParams,
     out: &mut [f32],
     scratch: &mut AttnScratch,
+    threads: &Threads,
 ) {
+    let layout = *cache.layout();
     let a = Attend {
-        cache,
+        layout,
+        region: &cache.region()[..cache.num_blocks() * layout.block_bytes()],
         layer,
         slots,
         q,
         n_heads,
         params,
     };
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() && cache.layout().dtype == KvDtype::F32 {
-        // SAFETY (all arms): the CPU supports AVX2 and FMA (checked at run time just above).
-        match cache.layout().head_dim {
-            32 => return unsafe { avx2::attend_f32::<4>(&a, out, scratch) },
-            64 => return unsafe { avx2::attend_f32::<8>(&a, out, scratch) },
-            128 => return unsafe { avx2::attend_f32::<16>(&a, out, scratch) },
-            _ => {}
-        }
+    let runs = a.split(threads.count());
+    scratch.parts.resize_with(runs.len(), Part::default);
+    let gw = n_heads / layout.n_kv_heads * layout.head_dim;
+    let mut jobs = Vec::with_capacity(runs.len());
+    let mut rest = out;
+    for (items, part) in runs.into_iter().zip(scratch.parts.iter_mut()) {
+        let (mine, tail) = std::mem::take(&mut rest).split_at_mut(items.len() * gw);
+        rest = tail;
+        jobs.push((items, mine, part));
     }
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2() {
-        // SAFETY: the CPU supports AVX2 and FMA (checked at run time just above).
-        unsafe { attend_avx2(&a, out, scratch) };
-        return;
-    }
-    attend_any(&a, out, scratch);
+    let a = &a;
+    threads.run(jobs, |(items, out, part)| a.items(items, out, part));
 }
 
 /// The inputs of one [`attend`] call.
 #[derive(Clone, Copy)]
 struct Attend<'a> {
-    cache: &'a KvCache,
+    layout: KvLayout,
+    /// The pool's blocks, as bytes (aligned for the element type: checked by `KvCache::new`).
+    region: &'a [u8],
     layer: usize,
     slots: &'a [TokenSlot<'a>],
     q: &'a [f32],
@@ -145,45 +160,96 @@ struct Group<'a> {
 }
 
 impl Attend<'_> {
-    /// Calls `f` for each batch token and kv head, with the row offsets of the positions it
-    /// attends to in `scratch.rows` (checked against the pool of `T`s) and `scratch.scores`
-    /// zeroed to `group · n`.
+    /// The pool as elements of `T`.
+    #[inline(always)]
+    fn mem<T: KvElem>(&self) -> &[T] {
+        bytemuck::cast_slice(self.region)
+    }
+
+    /// Positions item `i` (token `i / n_kv_heads`) attends to.
+    fn positions(&self, i: usize) -> std::ops::Range<usize> {
+        let s = &self.slots[i / self.layout.n_kv_heads];
+        self.params.first(s.pos)..s.pos + 1
+    }
+
+    /// Contiguous runs of items of about equal cost (positions attended, plus a fixed cost per
+    /// item), at most `n` of them; one run when the call is too small to share.
+    fn split(&self, n: usize) -> Vec<std::ops::Range<usize>> {
+        let items = self.slots.len() * self.layout.n_kv_heads;
+        let cost = |i: usize| self.positions(i).len() + 8;
+        let total: usize = (0..items).map(cost).sum();
+        if n <= 1 || items < 2 || total * self.n_heads / self.layout.n_kv_heads < THREADED_PAIRS {
+            return vec![0..items];
+        }
+        let mut runs = Vec::with_capacity(n);
+        let (mut start, mut acc) = (0, 0);
+        for i in 0..items {
+            acc += cost(i);
+            if acc * n >= total * (runs.len() + 1) && runs.len() + 1 < n {
+                runs.push(start..i + 1);
+                start = i + 1;
+            }
+        }
+        if start < items {
+            runs.push(start..items);
+        }
+        runs
+    }
+
+    /// Computes `items` into `out` (their `group · head_dim` rows, in item order).
+    fn items(&self, items: std::ops::Range<usize>, out: &mut [f32], part: &mut Part) {
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2() && self.layout.dtype == KvDtype::F32 {
+            // SAFETY (all arms): the CPU supports AVX2 and FMA (checked at run time just above).
+            match self.layout.head_dim {
+                32 => return unsafe { avx2::attend_f32::<4>(self, items, out, part) },
+                64 => return unsafe { avx2::attend_f32::<8>(self, items, out, part) },
+                128 => return unsafe { avx2::attend_f32::<16>(self, items, out, part) },
+                _ => {}
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2() {
+            // SAFETY: the CPU supports AVX2 and FMA (checked at run time just above).
+            unsafe { attend_avx2(self, items, out, part) };
+            return;
+        }
+        attend_any(self, items, out, part);
+    }
+
+    /// Calls `f` for each item (batch token and kv head) of `items`, with the row offsets of the
+    /// positions it attends to in `part.rows` (checked against the pool of `T`s) and
+    /// `part.scores` zeroed to `group · n`.
     #[inline(always)]
     fn each_group<T: KvElem>(
         &self,
+        items: std::ops::Range<usize>,
         out: &mut [f32],
-        scratch: &mut AttnScratch,
-        mut f: impl FnMut(Group<'_>, &mut AttnScratch),
+        part: &mut Part,
+        mut f: impl FnMut(Group<'_>, &mut Part),
     ) {
-        let layout: KvLayout = *self.cache.layout();
+        let layout = self.layout;
         // Query heads per kv head, and the width of their rows.
         let group = self.n_heads / layout.n_kv_heads;
         let gw = group * layout.head_dim;
-        let pool_len = self.cache.elems::<T>().len();
-        let qw = self.n_heads * layout.head_dim;
-        for (t, s) in self.slots.iter().enumerate() {
-            let (lo, end) = (self.params.first(s.pos), s.pos + 1);
-            let q_t = &self.q[t * qw..(t + 1) * qw];
-            let out_t = &mut out[t * qw..(t + 1) * qw];
-            for g in 0..layout.n_kv_heads {
-                kv_rows(
-                    &layout,
-                    s,
-                    self.layer,
-                    g,
-                    lo..end,
-                    pool_len,
-                    &mut scratch.rows,
-                );
-                scratch.scores.clear();
-                scratch.scores.resize(group * (end - lo), 0.0);
-                let heads = Group {
-                    n: end - lo,
-                    q: &q_t[g * gw..(g + 1) * gw],
-                    out: &mut out_t[g * gw..(g + 1) * gw],
-                };
-                f(heads, scratch);
-            }
+        let pool_len = self.mem::<T>().len();
+        for (i, out) in items.zip(out.chunks_exact_mut(gw)) {
+            let (t, g) = (i / layout.n_kv_heads, i % layout.n_kv_heads);
+            let positions = self.positions(i);
+            let n = positions.len();
+            kv_rows(
+                &layout,
+                &self.slots[t],
+                self.layer,
+                g,
+                positions,
+                pool_len,
+                &mut part.rows,
+            );
+            part.scores.clear();
+            part.scores.resize(group * n, 0.0);
+            let q = &self.q[i * gw..(i + 1) * gw];
+            f(Group { n, q, out }, part);
         }
     }
 }
@@ -225,15 +291,15 @@ fn has_avx2() -> bool {
 /// the portable build's, so results are identical on every machine.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn attend_avx2(a: &Attend<'_>, out: &mut [f32], scratch: &mut AttnScratch) {
-    attend_any(a, out, scratch);
+fn attend_avx2(a: &Attend<'_>, items: std::ops::Range<usize>, out: &mut [f32], part: &mut Part) {
+    attend_any(a, items, out, part);
 }
 
 #[inline(always)]
-fn attend_any(a: &Attend<'_>, out: &mut [f32], scratch: &mut AttnScratch) {
-    match a.cache.layout().dtype {
-        KvDtype::F32 => attend_typed::<f32>(a, out, scratch),
-        KvDtype::F16 => attend_typed::<half::f16>(a, out, scratch),
+fn attend_any(a: &Attend<'_>, items: std::ops::Range<usize>, out: &mut [f32], part: &mut Part) {
+    match a.layout.dtype {
+        KvDtype::F32 => attend_typed::<f32>(a, items, out, part),
+        KvDtype::F16 => attend_typed::<half::f16>(a, items, out, part),
     }
 }
 
@@ -264,12 +330,17 @@ fn axpy<T: KvElem>(acc: &mut [f32], w: f32, v: &[T]) {
 }
 
 #[inline(always)]
-fn attend_typed<T: KvElem>(a: &Attend<'_>, out: &mut [f32], scratch: &mut AttnScratch) {
-    let hd = a.cache.layout().head_dim;
-    let group = a.n_heads / a.cache.layout().n_kv_heads;
+fn attend_typed<T: KvElem>(
+    a: &Attend<'_>,
+    items: std::ops::Range<usize>,
+    out: &mut [f32],
+    part: &mut Part,
+) {
+    let hd = a.layout.head_dim;
+    let group = a.n_heads / a.layout.n_kv_heads;
     let (scale, softcap) = (a.params.scale, a.params.softcap);
-    let mem = a.cache.elems::<T>();
-    a.each_group::<T>(out, scratch, |gr, scratch| {
+    let mem = a.mem::<T>();
+    a.each_group::<T>(items, out, part, |gr, scratch| {
         let n = gr.n;
         // scores[h * n + j] for the `group` query heads sharing the kv head.
         for (j, &(k, _)) in scratch.rows.iter().enumerate() {
@@ -421,6 +492,7 @@ mod tests {
                     &params,
                     &mut out,
                     &mut AttnScratch::default(),
+                    &Threads::single(),
                 );
                 let want = reference(
                     &q,
@@ -448,11 +520,12 @@ mod tests {
                 block_size: 16,
                 dtype: KvDtype::F32,
             };
-            let mut cache = KvCache::on_heap(lay, 8);
-            let blocks = [BlockId(6), BlockId(2), BlockId(7), BlockId(0)];
+            // Ten blocks: 150 positions cross the L1 spans of the SIMD path at every head size.
+            let mut cache = KvCache::on_heap(lay, 12);
+            let blocks = [6, 2, 7, 0, 11, 3, 9, 1, 10, 4].map(BlockId);
             let n = lay.token_elems();
             let val = |p: usize, i: usize, s: f32| (((p * 131 + i * 71) % 97) as f32 - 48.0) * s;
-            for p in 0..53 {
+            for p in 0..150 {
                 let k: Vec<f32> = (0..n).map(|i| val(p, i, 0.013)).collect();
                 let v: Vec<f32> = (0..n).map(|i| val(p, i + 5, 0.021)).collect();
                 let slot = [TokenSlot {
@@ -462,7 +535,9 @@ mod tests {
                 write_kv(&mut cache, 1, &slot, &k, &v);
             }
             let n_heads = 9;
-            let positions = [0, 1, 2, 3, 4, 5, 15, 16, 17, 31, 38, 52];
+            let positions = [
+                0, 1, 2, 3, 4, 5, 15, 16, 17, 31, 38, 52, 64, 65, 100, 129, 149,
+            ];
             let slots: Vec<TokenSlot> = positions
                 .iter()
                 .map(|&pos| TokenSlot {
@@ -481,7 +556,6 @@ mod tests {
             for params in [AttnParams::plain(hd), windowed] {
                 let mut fast = vec![0.0; q.len()];
                 let mut slow = vec![0.0; q.len()];
-                let mut scratch = AttnScratch::default();
                 attend(
                     &cache,
                     1,
@@ -490,23 +564,96 @@ mod tests {
                     n_heads,
                     &params,
                     &mut fast,
-                    &mut scratch,
+                    &mut AttnScratch::default(),
+                    &Threads::single(),
                 );
                 let a = Attend {
-                    cache: &cache,
+                    layout: lay,
+                    region: cache.region(),
                     layer: 1,
                     slots: &slots,
                     q: &q,
                     n_heads,
                     params: &params,
                 };
-                attend_any(&a, &mut slow, &mut scratch);
+                let items = 0..slots.len() * lay.n_kv_heads;
+                attend_any(&a, items, &mut slow, &mut Part::default());
                 for (i, (a, b)) in fast.iter().zip(&slow).enumerate() {
                     assert_eq!(
                         a.to_bits(),
                         b.to_bits(),
                         "hd {hd} {params:?} element {i}: {a} vs {b}"
                     );
+                }
+            }
+        }
+    }
+
+    /// Attention split over threads gives the bits of one thread, for a prefill-like batch (one
+    /// sequence's 40 consecutive tokens) and a decode-like batch of one token at a context long
+    /// enough to be split, on both cache types.
+    #[test]
+    fn threaded_attention_is_bit_identical_to_one_thread() {
+        for dtype in [KvDtype::F32, KvDtype::F16] {
+            let lay = KvLayout {
+                n_layers: 1,
+                n_kv_heads: 2,
+                head_dim: 64,
+                block_size: 16,
+                dtype,
+            };
+            let blocks: Vec<BlockId> = (0..80).map(|b| BlockId((b * 7) % 80)).collect();
+            let mut cache = KvCache::on_heap(lay, 80);
+            let n = lay.token_elems();
+            let val = |p: usize, i: usize| (((p * 53 + i * 29) % 61) as f32 - 30.0) * 0.01;
+            let len = 1200;
+            for p in 0..len {
+                let k: Vec<f32> = (0..n).map(|i| val(p, i)).collect();
+                let v: Vec<f32> = (0..n).map(|i| val(p, i + 11)).collect();
+                let slot = [TokenSlot {
+                    pos: p,
+                    blocks: &blocks,
+                }];
+                write_kv(&mut cache, 0, &slot, &k, &v);
+            }
+            let n_heads = 16;
+            for positions in [(len - 40..len).collect::<Vec<_>>(), vec![len - 1]] {
+                let slots: Vec<TokenSlot> = positions
+                    .iter()
+                    .map(|&pos| TokenSlot {
+                        pos,
+                        blocks: &blocks,
+                    })
+                    .collect();
+                let q: Vec<f32> = (0..slots.len() * n_heads * 64)
+                    .map(|i| ((i * 13 % 23) as f32 - 11.0) * 0.07)
+                    .collect();
+                let params = AttnParams::plain(64);
+                let run = |threads: &Threads| {
+                    let mut out = vec![0.0; q.len()];
+                    let mut scratch = AttnScratch::default();
+                    attend(
+                        &cache,
+                        0,
+                        &slots,
+                        &q,
+                        n_heads,
+                        &params,
+                        &mut out,
+                        &mut scratch,
+                        threads,
+                    );
+                    (out, scratch.parts.len())
+                };
+                let (one, _) = run(&Threads::single());
+                for t in [2, 3] {
+                    let (many, parts) = run(&Threads::new(t));
+                    assert!(parts > 1, "{dtype:?}: {} tokens ran unsplit", slots.len());
+                    let same = one
+                        .iter()
+                        .zip(&many)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{dtype:?}, {t} threads, {} tokens", slots.len());
                 }
             }
         }

@@ -193,6 +193,7 @@ impl Model {
                 &params,
                 &mut ws.att,
                 &mut ws.attn,
+                th,
             );
             matmul(&layer.wo, &mut ws.acts, &ws.att, n, &mut ws.o, th);
             self.collective.all_reduce_sum(&mut ws.o)?;

@@ -2,12 +2,14 @@
 //! the same order, as the portable `attend_typed` (eight-lane `acc + q·k` partial sums reduced as
 //! `((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))`, then `acc + w·v` per position in order),
 //! so results are bit-identical; only the code shape differs: a head's query and output rows stay
-//! in registers across positions instead of being loaded and stored for every one, and four
-//! positions' dot products are reduced together.
+//! in registers across a span of positions instead of being loaded and stored for every one,
+//! four positions' dot products are reduced together, and the positions are taken in spans whose
+//! key and value rows fit in L1, so that the query heads sharing a kv head read them from
+//! memory once, not once per head.
 
 use std::arch::x86_64::*;
 
-use super::{normalize, Attend, AttnScratch};
+use super::{normalize, Attend, Part};
 
 /// `[hsum(a), hsum(b), hsum(c), hsum(d)]`, each `((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 +
 /// v7))`.
@@ -48,65 +50,86 @@ unsafe fn partial<const CH: usize>(q: &[__m256; CH], k: *const f32) -> __m256 {
 #[target_feature(enable = "avx2,fma")]
 pub(super) fn attend_f32<const CH: usize>(
     a: &Attend<'_>,
+    items: std::ops::Range<usize>,
     out: &mut [f32],
-    scratch: &mut AttnScratch,
+    part: &mut Part,
 ) {
-    let hd = a.cache.layout().head_dim;
+    let hd = a.layout.head_dim;
     assert_eq!(hd, 8 * CH);
-    let group = a.n_heads / a.cache.layout().n_kv_heads;
+    let group = a.n_heads / a.layout.n_kv_heads;
     let (scale, softcap) = (a.params.scale, a.params.softcap);
-    let mem = a.cache.elems::<f32>();
-    a.each_group::<f32>(out, scratch, |gr, scratch| {
+    let mem = a.mem::<f32>();
+    // Positions per span: the span's key (or value) rows take 16 KiB, so they stay in L1 while
+    // every query head of the group goes over them (one pass from L2/L3 instead of `group`).
+    let span = (512 / CH).max(4);
+    a.each_group::<f32>(items, out, part, |gr, scratch| {
         // Positions attended to (the whole causal prefix, or the window).
         let ctx = gr.n;
-        for h in 0..group {
-            let qh = &gr.q[h * hd..(h + 1) * hd];
-            let mut qv = [_mm256_setzero_ps(); CH];
-            for (c, v) in qv.iter_mut().enumerate() {
-                // SAFETY: `qh` holds `8·CH` f32s.
-                *v = unsafe { load(qh.as_ptr().add(8 * c)) };
-            }
-            let qh = &qv;
-            let row = &mut scratch.scores[h * ctx..(h + 1) * ctx];
-            let mut j = 0;
-            while j + 4 <= ctx {
-                let r = &scratch.rows[j..j + 4];
-                // SAFETY: every row offset was checked against `mem` above.
-                let v = unsafe {
-                    let p = |i: usize| partial::<CH>(qh, mem.as_ptr().add(r[i].0));
-                    hsum4(p(0), p(1), p(2), p(3))
-                };
-                let v = _mm_mul_ps(v, _mm_set1_ps(scale));
-                // SAFETY: `j + 4 <= ctx = row.len()`; unaligned store.
-                unsafe { _mm_storeu_ps(row.as_mut_ptr().add(j), v) };
-                j += 4;
-            }
-            while j < ctx {
-                let k = mem.as_ptr().wrapping_add(scratch.rows[j].0);
-                // SAFETY: as above.
-                let p = unsafe { partial::<CH>(qh, k) };
-                let z = _mm256_setzero_ps();
-                row[j] = _mm_cvtss_f32(hsum4(p, z, z, z)) * scale;
-                j += 1;
-            }
-            normalize(row, softcap);
-        }
-        for h in 0..group {
-            let row = &scratch.scores[h * ctx..(h + 1) * ctx];
-            let mut acc = [_mm256_setzero_ps(); CH];
-            for (&w, &(_, v)) in row.iter().zip(&scratch.rows) {
-                let w = _mm256_set1_ps(w);
-                let v = mem.as_ptr().wrapping_add(v);
-                for (c, a) in acc.iter_mut().enumerate() {
-                    // SAFETY: the value row offset was checked against `mem` above.
-                    *a = _mm256_add_ps(*a, _mm256_mul_ps(w, unsafe { load(v.add(8 * c)) }));
+        for s0 in (0..ctx).step_by(span) {
+            let end = (s0 + span).min(ctx);
+            for h in 0..group {
+                let qh = &gr.q[h * hd..(h + 1) * hd];
+                let mut qv = [_mm256_setzero_ps(); CH];
+                for (c, v) in qv.iter_mut().enumerate() {
+                    // SAFETY: `qh` holds `8·CH` f32s.
+                    *v = unsafe { load(qh.as_ptr().add(8 * c)) };
+                }
+                let qh = &qv;
+                let row = &mut scratch.scores[h * ctx..(h + 1) * ctx];
+                let mut j = s0;
+                while j + 4 <= end {
+                    let r = &scratch.rows[j..j + 4];
+                    // SAFETY: every row offset was checked against `mem` above.
+                    let v = unsafe {
+                        let p = |i: usize| partial::<CH>(qh, mem.as_ptr().add(r[i].0));
+                        hsum4(p(0), p(1), p(2), p(3))
+                    };
+                    let v = _mm_mul_ps(v, _mm_set1_ps(scale));
+                    // SAFETY: `j + 4 <= end <= ctx = row.len()`; unaligned store.
+                    unsafe { _mm_storeu_ps(row.as_mut_ptr().add(j), v) };
+                    j += 4;
+                }
+                while j < end {
+                    let k = mem.as_ptr().wrapping_add(scratch.rows[j].0);
+                    // SAFETY: as above.
+                    let p = unsafe { partial::<CH>(qh, k) };
+                    let z = _mm256_setzero_ps();
+                    row[j] = _mm_cvtss_f32(hsum4(p, z, z, z)) * scale;
+                    j += 1;
                 }
             }
-            let o = &mut gr.out[h * hd..(h + 1) * hd];
-            for (c, a) in acc.iter().enumerate() {
-                // SAFETY: `o` holds `8·CH` f32s; unaligned store.
-                unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(8 * c), *a) };
+        }
+        for h in 0..group {
+            normalize(&mut scratch.scores[h * ctx..(h + 1) * ctx], softcap);
+        }
+        // Each head's running sums go to memory between spans: the same additions in the same
+        // order as keeping them in registers throughout.
+        scratch.acc.clear();
+        scratch.acc.resize(group * hd, 0.0);
+        for s0 in (0..ctx).step_by(span) {
+            let end = (s0 + span).min(ctx);
+            for h in 0..group {
+                let row = &scratch.scores[h * ctx + s0..h * ctx + end];
+                let sums = &mut scratch.acc[h * hd..(h + 1) * hd];
+                let mut acc = [_mm256_setzero_ps(); CH];
+                for (c, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: `sums` holds `8·CH` f32s.
+                    *a = unsafe { load(sums.as_ptr().add(8 * c)) };
+                }
+                for (&w, &(_, v)) in row.iter().zip(&scratch.rows[s0..end]) {
+                    let w = _mm256_set1_ps(w);
+                    let v = mem.as_ptr().wrapping_add(v);
+                    for (c, a) in acc.iter_mut().enumerate() {
+                        // SAFETY: the value row offset was checked against `mem` above.
+                        *a = _mm256_add_ps(*a, _mm256_mul_ps(w, unsafe { load(v.add(8 * c)) }));
+                    }
+                }
+                for (c, a) in acc.iter().enumerate() {
+                    // SAFETY: `sums` holds `8·CH` f32s; unaligned store.
+                    unsafe { _mm256_storeu_ps(sums.as_mut_ptr().add(8 * c), *a) };
+                }
             }
         }
+        gr.out.copy_from_slice(&scratch.acc);
     });
 }
