@@ -54,7 +54,9 @@ fn f16_le(b: &[u8], at: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
 
-/// The eight 6-bit scales and minimums packed in a Q4_K / Q5_K super-block's 12 scale bytes.
+/// The eight 6-bit scales and minimums packed in a Q4_K / Q5_K super-block's 12 scale bytes
+/// (inlined: the tiles decode them per row and super-block).
+#[inline(always)]
 pub(super) fn scales_k4(s: &[u8]) -> ([u8; 8], [u8; 8]) {
     let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
     for j in 0..4 {
@@ -83,6 +85,7 @@ pub(super) const K3_SC: usize = 96;
 pub(super) const K3_D: usize = 108;
 
 /// The sixteen signed 6-bit scales of a Q3_K super-block's 12 scale bytes.
+#[inline(always)]
 pub(super) fn scales_k3(s: &[u8]) -> [i8; 16] {
     let mut out = [0i8; 16];
     for (k, o) in out.iter_mut().enumerate() {
