@@ -377,20 +377,14 @@ impl TensorInfo {
     }
 }
 
-/// Where the file's bytes live.
-enum Storage {
-    /// A read-only memory map of the file.
-    Mapped(memmap2::Mmap),
-    /// Bytes owned in memory.
-    Owned(Vec<u8>),
-}
+/// Where the file's bytes live: a read-only memory map of the file, or bytes owned in memory;
+/// shared, so that weights kept in the file's layout can borrow them beyond the parse
+/// ([`GgufFile::tensor_shared`]).
+struct Storage(std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>);
 
 impl Storage {
     fn bytes(&self) -> &[u8] {
-        match self {
-            Storage::Mapped(m) => m,
-            Storage::Owned(v) => v,
-        }
+        (*self.0).as_ref()
     }
 }
 
@@ -426,12 +420,12 @@ impl GgufFile {
         // is mapped is undefined behaviour; model files are treated as immutable, as every
         // mmap-based GGUF loader does.
         let map = unsafe { memmap2::Mmap::map(&file)? };
-        Self::from_storage(Storage::Mapped(map))
+        Self::from_storage(Storage(std::sync::Arc::new(map)))
     }
 
     /// Parses a GGUF file held in memory.
     pub fn from_bytes(bytes: Vec<u8>) -> Result<Self, GgufError> {
-        Self::from_storage(Storage::Owned(bytes))
+        Self::from_storage(Storage(std::sync::Arc::new(bytes)))
     }
 
     fn from_storage(storage: Storage) -> Result<Self, GgufError> {
@@ -546,6 +540,22 @@ impl GgufFile {
 
     /// The raw bytes of the tensor called `name`.
     pub fn tensor_data(&self, name: &str) -> Result<&[u8], GgufError> {
+        let range = self.tensor_range(name)?;
+        Ok(&self.storage.bytes()[range])
+    }
+
+    /// The raw bytes of the tensor called `name`, borrowed from the file's map for as long as
+    /// the returned value lives (the map outlives this `GgufFile` then): no copy.
+    pub fn tensor_shared(&self, name: &str) -> Result<crate::kernels::SharedBytes, GgufError> {
+        let range = self.tensor_range(name)?;
+        Ok(crate::kernels::SharedBytes::new(
+            self.storage.0.clone(),
+            range,
+        ))
+    }
+
+    /// Where the tensor called `name` lies in the file, checked to lie inside it.
+    fn tensor_range(&self, name: &str) -> Result<std::ops::Range<usize>, GgufError> {
         let info = self.tensor(name)?;
         let oob = || GgufError::TensorOutOfBounds(name.to_string());
         let n_bytes = match info.n_bytes() {
@@ -577,7 +587,10 @@ impl GgufFile {
             usize::try_from(start).map_err(|_| oob())?,
             usize::try_from(end).map_err(|_| oob())?,
         );
-        self.storage.bytes().get(start..end).ok_or_else(oob)
+        if end > self.storage.bytes().len() {
+            return Err(oob());
+        }
+        Ok(start..end)
     }
 
     /// The tensor called `name` converted to `f32` values; only `F32`, `F16` and `BF16`

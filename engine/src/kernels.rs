@@ -204,6 +204,42 @@ pub enum KernelError {
 enum Storage {
     F32(Vec<f32>),
     Packed(Vec<u8>),
+    /// K-quants in ggml's layout, borrowed from the memory-mapped model file.
+    Shared(SharedBytes),
+}
+
+/// Bytes borrowed from a shared owner (the memory-mapped model file), so that a matrix kept in
+/// the file's own layout needs no second copy: the file's pages are the weights.
+#[derive(Clone)]
+pub struct SharedBytes {
+    owner: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>,
+    range: Range<usize>,
+}
+
+impl SharedBytes {
+    /// `range` of `owner`'s bytes. Panics if the range does not lie inside them.
+    pub fn new(owner: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>, range: Range<usize>) -> Self {
+        assert!(
+            range.start <= range.end && range.end <= (*owner).as_ref().len(),
+            "shared range {range:?} outside its owner"
+        );
+        SharedBytes { owner, range }
+    }
+
+    /// The borrowed bytes.
+    #[inline]
+    pub fn bytes(&self) -> &[u8] {
+        &(*self.owner).as_ref()[self.range.clone()]
+    }
+
+    /// Bytes `r` of these (relative to their start). Panics if out of range.
+    fn sub(&self, r: Range<usize>) -> SharedBytes {
+        assert!(r.start <= r.end && r.end <= self.range.len());
+        SharedBytes {
+            owner: self.owner.clone(),
+            range: self.range.start + r.start..self.range.start + r.end,
+        }
+    }
 }
 
 /// A `[rows × cols]` weight matrix in one of the [`WeightType`] formats.
@@ -277,6 +313,56 @@ impl QMatrix {
         cols: usize,
         bytes: &[u8],
     ) -> Result<QMatrix, KernelError> {
+        Self::check_raw(ty, rows, cols, bytes.len())?;
+        if ty == WeightType::F32 {
+            let data = bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            return QMatrix::from_f32(rows, cols, data);
+        }
+        if ty.is_k() {
+            // K-quants keep ggml's super-block layout: it already streams each super-block's
+            // scales next to its quants.
+            return Ok(Self::k_quant(
+                ty,
+                rows,
+                cols,
+                Storage::Packed(bytes.to_vec()),
+            ));
+        }
+        Ok(Self::repack(ty, rows, cols, bytes))
+    }
+
+    /// As [`QMatrix::from_raw`], but a K-quant matrix, which keeps ggml's layout, borrows
+    /// `bytes` (the mapped model file) instead of copying them; other types are repacked into
+    /// memory of their own.
+    pub fn from_shared(
+        ty: WeightType,
+        rows: usize,
+        cols: usize,
+        bytes: SharedBytes,
+    ) -> Result<QMatrix, KernelError> {
+        if !ty.is_k() {
+            return Self::from_raw(ty, rows, cols, bytes.bytes());
+        }
+        Self::check_raw(ty, rows, cols, bytes.bytes().len())?;
+        Ok(Self::k_quant(ty, rows, cols, Storage::Shared(bytes)))
+    }
+
+    fn k_quant(ty: WeightType, rows: usize, cols: usize, data: Storage) -> QMatrix {
+        QMatrix {
+            ty,
+            rows,
+            cols,
+            nb: cols / QK,
+            row_bytes: ty.row_bytes(cols),
+            data,
+        }
+    }
+
+    /// Checks that `len` bytes hold a `[rows × cols]` matrix of `ty`.
+    fn check_raw(ty: WeightType, rows: usize, cols: usize, len: usize) -> Result<(), KernelError> {
         // A weight matrix with no rows or columns is a corrupt header (and has no blocks to
         // repack).
         if rows == 0 || cols == 0 {
@@ -289,35 +375,23 @@ impl QMatrix {
             .checked_mul(ty.row_bytes(cols))
             .filter(|_| cols.checked_mul(4).is_some())
             .ok_or(KernelError::TooLarge { rows, cols })?;
-        if bytes.len() != expected {
+        if len != expected {
             return Err(KernelError::ByteLength {
                 ty,
                 rows,
                 cols,
                 expected,
-                got: bytes.len(),
+                got: len,
             });
         }
-        if ty == WeightType::F32 {
-            let data = bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
-            return QMatrix::from_f32(rows, cols, data);
-        }
+        Ok(())
+    }
+
+    /// A 32-element block format's rows repacked: each row's scales together, then its fifth
+    /// bits, then its quants.
+    fn repack(ty: WeightType, rows: usize, cols: usize, bytes: &[u8]) -> QMatrix {
         let nb = cols / QK;
-        if ty.is_k() {
-            // K-quants keep ggml's super-block layout: it already streams each super-block's
-            // scales next to its quants.
-            return Ok(QMatrix {
-                ty,
-                rows,
-                cols,
-                nb,
-                row_bytes: ty.row_bytes(cols),
-                data: Storage::Packed(bytes.to_vec()),
-            });
-        }
+        let expected = bytes.len();
         let (block, qsb, ns) = (ty.block_bytes(), ty.qs_bytes(), ty.n_scales());
         let nh = if ty.has_qh() { 4 } else { 0 };
         let mut data = vec![0u8; expected];
@@ -335,14 +409,14 @@ impl QMatrix {
                 qs[b * qsb..(b + 1) * qsb].copy_from_slice(&blk[2 * ns + nh..]);
             }
         }
-        Ok(QMatrix {
+        QMatrix {
             ty,
             rows,
             cols,
             nb,
             row_bytes: nb * block,
             data: Storage::Packed(data),
-        })
+        }
     }
 
     /// A F32 matrix from row-major values.
@@ -391,10 +465,7 @@ impl QMatrix {
 
     #[inline]
     fn packed_row(&self, r: usize) -> PackedRow<'_> {
-        let Storage::Packed(data) = &self.data else {
-            unreachable!("packed_row on F32")
-        };
-        let row = &data[r * self.row_bytes..(r + 1) * self.row_bytes];
+        let row = &self.packed_bytes()[r * self.row_bytes..(r + 1) * self.row_bytes];
         let (d, rest) = row.split_at(2 * self.nb);
         let (m, rest) = if self.ty.n_scales() == 2 {
             let (m, rest) = rest.split_at(2 * self.nb);
@@ -413,19 +484,17 @@ impl QMatrix {
 
     /// All rows' bytes of a packed (quantized) matrix.
     fn packed_bytes(&self) -> &[u8] {
-        let Storage::Packed(data) = &self.data else {
-            unreachable!("packed_bytes on F32")
-        };
-        data
+        match &self.data {
+            Storage::Packed(data) => data,
+            Storage::Shared(data) => data.bytes(),
+            Storage::F32(_) => unreachable!("packed_bytes on F32"),
+        }
     }
 
     /// Row `r`'s bytes in ggml's layout (K-quants).
     #[inline]
     fn raw_row(&self, r: usize) -> &[u8] {
-        let Storage::Packed(data) = &self.data else {
-            unreachable!("raw_row on F32")
-        };
-        &data[r * self.row_bytes..(r + 1) * self.row_bytes]
+        &self.packed_bytes()[r * self.row_bytes..(r + 1) * self.row_bytes]
     }
 
     fn f32_row(&self, r: usize) -> &[f32] {
@@ -489,7 +558,8 @@ impl QMatrix {
         }
     }
 
-    /// A copy of rows `[start, end)` (tensor-parallel split of the output dimension).
+    /// Rows `[start, end)` (tensor-parallel split of the output dimension): a copy, or for a
+    /// matrix borrowed from the model file, a narrower borrow.
     /// Panics if the range is out of bounds.
     pub fn slice_rows(&self, start: usize, end: usize) -> QMatrix {
         assert!(
@@ -501,6 +571,9 @@ impl QMatrix {
             Storage::F32(d) => Storage::F32(d[start * self.cols..end * self.cols].to_vec()),
             Storage::Packed(d) => {
                 Storage::Packed(d[start * self.row_bytes..end * self.row_bytes].to_vec())
+            }
+            Storage::Shared(d) => {
+                Storage::Shared(d.sub(start * self.row_bytes..end * self.row_bytes))
             }
         };
         QMatrix {

@@ -494,3 +494,51 @@ fn an_empty_matrix_is_refused_not_repacked() {
         }
     }
 }
+
+/// A K-quant matrix made from shared bytes (the mapped model file) borrows them — its rows, and
+/// the rows of a row slice, are the owner's bytes, not a copy — and multiplies exactly as the
+/// copied matrix does; other types are repacked into memory of their own.
+#[test]
+fn shared_k_quants_borrow_the_file_and_match_the_copy() {
+    let mut rng = Rng(47);
+    let (rows, cols, n) = (12, 512, 5);
+    let single = Threads::single();
+    for ty in [WeightType::Q4_K, WeightType::Q6_K, WeightType::Q4_1] {
+        let raw = random_raw(ty, rows, cols, &mut rng);
+        // The tensor somewhere inside a larger owner, as in a file.
+        let mut file = vec![7u8; 100];
+        file.extend_from_slice(&raw);
+        file.extend_from_slice(&[9u8; 28]);
+        let owner: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync> = std::sync::Arc::new(file);
+        let base = (*owner).as_ref().as_ptr() as usize;
+        let shared = SharedBytes::new(owner.clone(), 100..100 + raw.len());
+        let m = QMatrix::from_shared(ty, rows, cols, shared).unwrap();
+        let copy = QMatrix::from_raw(ty, rows, cols, &raw).unwrap();
+        let a = acts(&random_x(n, cols, &mut rng), n, cols);
+        assert_eq!(m.matmul_vec(&a, &single), copy.matmul_vec(&a, &single));
+        let at = m.packed_bytes().as_ptr() as usize;
+        if ty.is_k() {
+            assert_eq!(at, base + 100, "{ty:?} was copied");
+            let s = m.slice_rows(3, 9);
+            let row = s.packed_bytes().as_ptr() as usize;
+            assert_eq!(
+                row,
+                base + 100 + 3 * m.row_bytes,
+                "{ty:?}: a row slice copied"
+            );
+            assert_eq!(
+                s.matmul_vec(&a, &single),
+                copy.slice_rows(3, 9).matmul_vec(&a, &single)
+            );
+        } else {
+            assert!(
+                at < base || at >= base + 228 + raw.len(),
+                "{ty:?} was not repacked"
+            );
+        }
+    }
+    // A range outside its owner is refused.
+    let owner: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync> = std::sync::Arc::new(vec![0u8; 8]);
+    let past = std::panic::catch_unwind(|| SharedBytes::new(owner, 4..12));
+    assert!(past.is_err());
+}

@@ -99,7 +99,13 @@ pub(super) fn matrix(g: &GgufFile, name: &str) -> Result<QMatrix, ModelError> {
         }
         other => kernel_type(name, other)?,
     };
-    Ok(QMatrix::from_raw(ty, rows, cols, g.tensor_data(name)?)?)
+    // K-quant rows are used in the file's layout: they borrow the mapped file (no copy).
+    Ok(QMatrix::from_shared(
+        ty,
+        rows,
+        cols,
+        g.tensor_shared(name)?,
+    )?)
 }
 
 /// The kernel format of a quantized GGUF tensor; any type without kernels (IQ2/IQ3/IQ1
