@@ -15,6 +15,9 @@ use serde::Serialize;
 
 use crate::ModelArgs;
 
+mod context;
+use context::ContextRow;
+
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     #[command(flatten)]
@@ -31,6 +34,13 @@ pub struct BenchArgs {
     /// Repetitions of each measurement (the best is reported).
     #[arg(long, default_value_t = 2)]
     pub repeat: usize,
+    /// Prompt lengths at which to measure prefill speed and the decode inter-token latency that
+    /// follows (batch 1), e.g. `512,8192,32768`; none by default.
+    #[arg(long, value_delimiter = ',')]
+    pub context: Vec<usize>,
+    /// KV cache element type (llama.cpp is measured with f16, its default).
+    #[arg(long, value_enum, default_value = "f32")]
+    pub kv_dtype: cleave_types::choices::KvDtype,
     /// Skip llama.cpp even if llama-cpp-python is installed.
     #[arg(long)]
     pub no_llama_cpp: bool,
@@ -48,6 +58,16 @@ struct Report {
     gen_tokens: usize,
     prefill_tok_s: f64,
     decode_tok_s: Vec<(usize, f64)>,
+    contexts: Vec<ContextRow>,
+    kv_dtype: &'static str,
+    /// KV pool reserved for the runs (MiB).
+    kv_pool_mib: f64,
+    /// The model file's size (MiB).
+    file_mib: f64,
+    /// Weight bytes a decode step reads per token.
+    weight_bytes_per_token: u64,
+    /// This machine's read bandwidth with the run's threads (GB/s), measured in the run.
+    read_gb_s: f64,
     peak_rss_mib: f64,
     llama_cpp: Option<LlamaCpp>,
     /// Why llama.cpp was not measured, when it was not.
@@ -58,6 +78,8 @@ struct Report {
 struct LlamaCpp {
     prefill_tok_s: f64,
     decode_tok_s: f64,
+    #[serde(default)]
+    contexts: Vec<ContextRow>,
 }
 
 const TEXT: &str = "The quick brown fox jumps over the lazy dog while the committee debates the \
@@ -72,8 +94,11 @@ fn prompt(loaded: &Loaded, tag: usize, len: usize) -> Vec<u32> {
     ids
 }
 
-fn engine(loaded: &Loaded) -> Engine {
+/// An engine whose KV pool holds `tokens` positions (plus a block per sequence of slack).
+fn engine(loaded: &Loaded, kv_dtype: cleave_types::choices::KvDtype, blocks: usize) -> Engine {
     let config = EngineConfig {
+        num_blocks: blocks,
+        kv_dtype,
         scheduler: SchedulerConfig {
             prefix_caching: false,
             step_tokens: 512,
@@ -142,20 +167,42 @@ fn peak_rss_mib() -> f64 {
 
 const LLAMA_CPP_SCRIPT: &str = r#"
 import json, sys, time
+import llama_cpp, numpy as np
 from llama_cpp import Llama
 path, threads, gen = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-prompt = json.loads(sys.stdin.read())
-llm = Llama(model_path=path, n_ctx=2048, n_threads=threads, n_threads_batch=threads, n_batch=512, verbose=False)
+data = json.loads(sys.stdin.read())
+prompt, contexts = data["prompt"], data["contexts"]
+n_ctx = max([2048] + [len(c) + gen + 64 for c in contexts])
+# Flash attention on and an f16 KV cache, as llama.cpp is usually run.
+llm = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
+            n_ubatch=512, flash_attn=True, type_k=1, type_v=1, verbose=False)
+def greedy():
+    # The last token's logits (Llama.scores holds only n_batch rows without logits_all).
+    p = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
+    return int(np.ctypeslib.as_array(p, shape=(llm.n_vocab(),)).argmax())
+def run(p, n):
+    llm.reset()
+    t = time.perf_counter(); llm.eval(p); prefill = len(p) / (time.perf_counter() - t)
+    t = time.perf_counter()
+    for _ in range(n):
+        llm.eval([greedy()])
+    return prefill, (time.perf_counter() - t) / n
 best_p, best_d = 0.0, 0.0
 for _ in range(int(sys.argv[4])):
-    llm.reset()
-    t = time.perf_counter(); llm.eval(prompt); best_p = max(best_p, len(prompt) / (time.perf_counter() - t))
+    best_p = max(best_p, run(prompt, 1)[0])
     llm.reset(); llm.eval(prompt[:16])
     t = time.perf_counter()
     for _ in range(gen):
-        tok = int(llm.scores[llm.n_tokens - 1].argmax()); llm.eval([tok])
+        llm.eval([greedy()])
     best_d = max(best_d, gen / (time.perf_counter() - t))
-print(json.dumps({"prefill_tok_s": best_p, "decode_tok_s": best_d}))
+rows = []
+for c in contexts:
+    p_best, itl_best = 0.0, float("inf")
+    for _ in range(int(sys.argv[4])):
+        p, itl = run(c, max(gen, 2))
+        p_best, itl_best = max(p_best, p), min(itl_best, itl)
+    rows.append({"context": len(c), "prefill_tok_s": p_best, "itl_ms": itl_best * 1e3})
+print(json.dumps({"prefill_tok_s": best_p, "decode_tok_s": best_d, "contexts": rows}))
 "#;
 
 /// llama.cpp's numbers on the same file, or why there are none (said in the report: a missing
@@ -164,6 +211,7 @@ fn llama_cpp(
     path: &str,
     threads: usize,
     prompt: &[u32],
+    contexts: &[Vec<u32>],
     gen: usize,
     repeat: usize,
 ) -> Result<LlamaCpp, String> {
@@ -194,7 +242,7 @@ fn llama_cpp(
         .spawn()
         .map_err(|e| format!("python3 could not be started: {e}"))?;
     use std::io::Write;
-    let input = serde_json::to_string(prompt).map_err(|e| e.to_string())?;
+    let input = serde_json::json!({ "prompt": prompt, "contexts": contexts }).to_string();
     if let Some(mut stdin) = child.stdin.take() {
         stdin
             .write_all(input.as_bytes())
@@ -245,7 +293,15 @@ pub fn bench_engine(args: BenchArgs) -> anyhow::Result<()> {
         threads: args.model.threads,
     };
     let loaded = crate::load::load(&margs)?;
-    let engine = engine(&loaded);
+    // The pool holds what the runs need, as llama.cpp's is sized by its context: the longest
+    // prompt, or every batch's sequences, whichever is more.
+    let bs = cleave_engine::kv::DEFAULT_BLOCK_SIZE;
+    let per_seq = |len: usize| (len + args.gen_tokens + 2).div_ceil(bs) + 1;
+    let longest = args.context.iter().copied().max().unwrap_or(0);
+    let batch = args.batches.iter().copied().max().unwrap_or(1);
+    let blocks = per_seq(longest.max(args.prompt_tokens)).max(batch * per_seq(16));
+    let block_bytes = loaded.model.kv_layout(bs, args.kv_dtype).block_bytes();
+    let engine = engine(&loaded, args.kv_dtype, blocks);
     let p = prompt(&loaded, 0, args.prompt_tokens);
     let repeat = args.repeat.max(1);
     // Warm-up (page in the weights, size the buffers).
@@ -267,6 +323,7 @@ pub fn bench_engine(args: BenchArgs) -> anyhow::Result<()> {
         }
         decode.push((b, best));
     }
+    let contexts = context::measure(&engine, &loaded, &args.context, args.gen_tokens, repeat)?;
     // The engine publishes its stats after the step that finished the last request.
     let mut stats = engine.stats();
     for _ in 0..200 {
@@ -286,6 +343,11 @@ pub fn bench_engine(args: BenchArgs) -> anyhow::Result<()> {
             path.to_str().context("model path is not UTF-8")?,
             args.model.threads,
             &p,
+            &args
+                .context
+                .iter()
+                .map(|&len| prompt(&loaded, 7, len))
+                .collect::<Vec<_>>(),
             args.gen_tokens,
             repeat,
         )
@@ -294,6 +356,8 @@ pub fn bench_engine(args: BenchArgs) -> anyhow::Result<()> {
         Ok(l) => (Some(l), None),
         Err(why) => (None, Some(why)),
     };
+    // Before the bandwidth measurement's 1 GiB buffer.
+    let peak_rss = peak_rss_mib();
     let report = Report {
         model: path.display().to_string(),
         threads: args.model.threads,
@@ -302,7 +366,13 @@ pub fn bench_engine(args: BenchArgs) -> anyhow::Result<()> {
         gen_tokens: args.gen_tokens,
         prefill_tok_s: prefill,
         decode_tok_s: decode,
-        peak_rss_mib: peak_rss_mib(),
+        contexts,
+        kv_dtype: args.kv_dtype.as_str(),
+        kv_pool_mib: (blocks * block_bytes) as f64 / (1 << 20) as f64,
+        file_mib: std::fs::metadata(&path).map_or(f64::NAN, |m| m.len() as f64 / (1 << 20) as f64),
+        weight_bytes_per_token: context::weight_bytes_per_token(&path)?,
+        read_gb_s: context::read_bandwidth(args.model.threads),
+        peak_rss_mib: peak_rss,
         llama_cpp: llama,
         llama_cpp_missing: llama_missing,
     };
@@ -358,7 +428,51 @@ fn print_table(r: &Report) {
             );
         }
     }
-    println!("peak RSS {:.0} MiB", r.peak_rss_mib);
+    for c in &r.contexts {
+        let theirs = lc.and_then(|l| l.contexts.iter().find(|o| o.context == c.context));
+        row(
+            &format!("prefill tok/s at {}", c.context),
+            c.prefill_tok_s,
+            theirs.map(|o| o.prefill_tok_s),
+        );
+        // Lower is better: the ratio is theirs over ours, so above 1 means faster here too.
+        match theirs {
+            Some(o) => println!(
+                "{:<28}{:>12.1}{:>12.1}{:>9.2}x",
+                format!("decode ITL ms at {}", c.context),
+                c.itl_ms,
+                o.itl_ms,
+                o.itl_ms / c.itl_ms
+            ),
+            None => println!(
+                "{:<28}{:>12.1}{:>12}{:>10}",
+                format!("decode ITL ms at {}", c.context),
+                c.itl_ms,
+                "-",
+                "-"
+            ),
+        }
+    }
+    let limit = r.read_gb_s * 1e9 / r.weight_bytes_per_token as f64;
+    println!(
+        "read bandwidth {:.1} GB/s ({} threads), weights {:.0} MiB per token: decode limit {:.1} tok/s; batch 1 at {:.2}x of it",
+        r.read_gb_s,
+        r.threads,
+        r.weight_bytes_per_token as f64 / (1 << 20) as f64,
+        limit,
+        r.decode_tok_s
+            .iter()
+            .find(|d| d.0 == 1)
+            .map_or(f64::NAN, |d| d.1 / limit)
+    );
+    println!(
+        "KV {} pool {:.0} MiB, file {:.0} MiB; peak RSS {:.0} MiB ({:.2}x file + pool)",
+        r.kv_dtype,
+        r.kv_pool_mib,
+        r.file_mib,
+        r.peak_rss_mib,
+        r.peak_rss_mib / (r.file_mib + r.kv_pool_mib)
+    );
 }
 
 /// Flags of `cleave bench kv-transfer`.
