@@ -395,6 +395,33 @@ fn softmax(row: &mut [f32]) {
 mod tests {
     use super::*;
 
+    /// Writes positions `0..len` of a sequence in `blocks` of `layer`: element `i` of position
+    /// `p`'s key row is `k(p, i)`, of its value row `v(p, i)`.
+    fn fill(
+        cache: &mut KvCache,
+        layer: usize,
+        blocks: &[BlockId],
+        len: usize,
+        k: impl Fn(usize, usize) -> f32,
+        v: impl Fn(usize, usize) -> f32,
+    ) {
+        let n = cache.layout().token_elems();
+        for p in 0..len {
+            let kr: Vec<f32> = (0..n).map(|i| k(p, i)).collect();
+            let vr: Vec<f32> = (0..n).map(|i| v(p, i)).collect();
+            let slot = [TokenSlot { pos: p, blocks }];
+            write_kv(cache, layer, &slot, &kr, &vr);
+        }
+    }
+
+    /// One batch token at each of `positions` of the sequence in `blocks`.
+    fn slots_at<'a>(positions: &[usize], blocks: &'a [BlockId]) -> Vec<TokenSlot<'a>> {
+        positions
+            .iter()
+            .map(|&pos| TokenSlot { pos, blocks })
+            .collect()
+    }
+
     fn layout(dtype: KvDtype) -> KvLayout {
         KvLayout {
             n_layers: 2,
@@ -523,28 +550,14 @@ mod tests {
             // Ten blocks: 150 positions cross the L1 spans of the SIMD path at every head size.
             let mut cache = KvCache::on_heap(lay, 12);
             let blocks = [6, 2, 7, 0, 11, 3, 9, 1, 10, 4].map(BlockId);
-            let n = lay.token_elems();
             let val = |p: usize, i: usize, s: f32| (((p * 131 + i * 71) % 97) as f32 - 48.0) * s;
-            for p in 0..150 {
-                let k: Vec<f32> = (0..n).map(|i| val(p, i, 0.013)).collect();
-                let v: Vec<f32> = (0..n).map(|i| val(p, i + 5, 0.021)).collect();
-                let slot = [TokenSlot {
-                    pos: p,
-                    blocks: &blocks,
-                }];
-                write_kv(&mut cache, 1, &slot, &k, &v);
-            }
+            let (k, v) = (|p, i| val(p, i, 0.013), |p, i| val(p, i + 5, 0.021));
+            fill(&mut cache, 1, &blocks, 150, k, v);
             let n_heads = 9;
             let positions = [
                 0, 1, 2, 3, 4, 5, 15, 16, 17, 31, 38, 52, 64, 65, 100, 129, 149,
             ];
-            let slots: Vec<TokenSlot> = positions
-                .iter()
-                .map(|&pos| TokenSlot {
-                    pos,
-                    blocks: &blocks,
-                })
-                .collect();
+            let slots = slots_at(&positions, &blocks);
             let q: Vec<f32> = (0..slots.len() * n_heads * hd)
                 .map(|i| ((i * 37 % 29) as f32 - 14.0) * 0.05)
                 .collect();
@@ -604,27 +617,12 @@ mod tests {
             };
             let blocks: Vec<BlockId> = (0..80).map(|b| BlockId((b * 7) % 80)).collect();
             let mut cache = KvCache::on_heap(lay, 80);
-            let n = lay.token_elems();
             let val = |p: usize, i: usize| (((p * 53 + i * 29) % 61) as f32 - 30.0) * 0.01;
             let len = 1200;
-            for p in 0..len {
-                let k: Vec<f32> = (0..n).map(|i| val(p, i)).collect();
-                let v: Vec<f32> = (0..n).map(|i| val(p, i + 11)).collect();
-                let slot = [TokenSlot {
-                    pos: p,
-                    blocks: &blocks,
-                }];
-                write_kv(&mut cache, 0, &slot, &k, &v);
-            }
+            fill(&mut cache, 0, &blocks, len, val, |p, i| val(p, i + 11));
             let n_heads = 16;
             for positions in [(len - 40..len).collect::<Vec<_>>(), vec![len - 1]] {
-                let slots: Vec<TokenSlot> = positions
-                    .iter()
-                    .map(|&pos| TokenSlot {
-                        pos,
-                        blocks: &blocks,
-                    })
-                    .collect();
+                let slots = slots_at(&positions, &blocks);
                 let q: Vec<f32> = (0..slots.len() * n_heads * 64)
                     .map(|i| ((i * 13 % 23) as f32 - 11.0) * 0.07)
                     .collect();
