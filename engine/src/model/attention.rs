@@ -179,7 +179,7 @@ impl Attend<'_> {
         let cost = |i: usize| self.positions(i).len() + 8;
         let total: usize = (0..items).map(cost).sum();
         if n <= 1 || items < 2 || total * self.n_heads / self.layout.n_kv_heads < THREADED_PAIRS {
-            return vec![0..items];
+            return std::iter::once(0..items).collect();
         }
         let mut runs = Vec::with_capacity(n);
         let (mut start, mut acc) = (0, 0);
