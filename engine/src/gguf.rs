@@ -380,7 +380,7 @@ impl TensorInfo {
 /// Where the file's bytes live: a read-only memory map of the file, or bytes owned in memory;
 /// shared, so that weights kept in the file's layout can borrow them beyond the parse
 /// ([`GgufFile::tensor_shared`]).
-struct Storage(std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>);
+struct Storage(crate::kernels::ByteOwner);
 
 impl Storage {
     fn bytes(&self) -> &[u8] {

@@ -208,17 +208,20 @@ enum Storage {
     Shared(SharedBytes),
 }
 
+/// What shared bytes belong to: a memory map of the model file, or a buffer.
+pub type ByteOwner = std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>;
+
 /// Bytes borrowed from a shared owner (the memory-mapped model file), so that a matrix kept in
 /// the file's own layout needs no second copy: the file's pages are the weights.
 #[derive(Clone)]
 pub struct SharedBytes {
-    owner: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>,
+    owner: ByteOwner,
     range: Range<usize>,
 }
 
 impl SharedBytes {
     /// `range` of `owner`'s bytes. Panics if the range does not lie inside them.
-    pub fn new(owner: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>, range: Range<usize>) -> Self {
+    pub fn new(owner: ByteOwner, range: Range<usize>) -> Self {
         assert!(
             range.start <= range.end && range.end <= (*owner).as_ref().len(),
             "shared range {range:?} outside its owner"

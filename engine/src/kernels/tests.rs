@@ -509,7 +509,7 @@ fn shared_k_quants_borrow_the_file_and_match_the_copy() {
         let mut file = vec![7u8; 100];
         file.extend_from_slice(&raw);
         file.extend_from_slice(&[9u8; 28]);
-        let owner: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync> = std::sync::Arc::new(file);
+        let owner: ByteOwner = std::sync::Arc::new(file);
         let base = (*owner).as_ref().as_ptr() as usize;
         let shared = SharedBytes::new(owner.clone(), 100..100 + raw.len());
         let m = QMatrix::from_shared(ty, rows, cols, shared).unwrap();
@@ -538,7 +538,7 @@ fn shared_k_quants_borrow_the_file_and_match_the_copy() {
         }
     }
     // A range outside its owner is refused.
-    let owner: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync> = std::sync::Arc::new(vec![0u8; 8]);
+    let owner: ByteOwner = std::sync::Arc::new(vec![0u8; 8]);
     let past = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         SharedBytes::new(owner, 4..12)
     }));
