@@ -47,9 +47,18 @@ def test_a_model_path_that_does_not_exist_is_named(node, operator, namespace):
     node.apply(spec, namespace)
     c = wait_reason(node, namespace, "bad", "ContainerFailing")
     assert "/models/missing.gguf" in c["message"], c
-    logs = node.kubectl("logs", "-n", namespace, "-l", "app.kubernetes.io/component=decode", "--tail", "20",
-                        check=False)
-    assert "/models/missing.gguf" in logs, logs
+    # The container restarts in a loop (CrashLoopBackOff): between two runs containerd may have
+    # no log for the current one ("unable to retrieve container logs"), so poll, also asking for
+    # the previous run's log, until one of them names the path.
+    def logs_name_the_path():
+        for previous in ([], ["--previous"]):
+            logs = node.kubectl("logs", "-n", namespace, "-l", "app.kubernetes.io/component=decode",
+                                "--tail", "20", *previous, check=False)
+            if "/models/missing.gguf" in logs:
+                return True
+        return False
+
+    node.wait_for("the worker's log naming /models/missing.gguf", logs_name_the_path, timeout=60)
 
 
 def test_a_path_missing_from_the_model_image_is_named(node, operator, namespace):

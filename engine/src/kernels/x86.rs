@@ -5,9 +5,9 @@
 //! all backends agree bit for bit.
 //!
 //! Register micro-kernels compute an R-rows × T-tokens tile: each weight block is loaded and
-//! unpacked once per tile and used for all T tokens, and each activation block is used for all
-//! R rows. Per 8-block chunk the scales `dw · dx` of every (row, token) pair are computed with
-//! one vector multiply and then broadcast from the stack, block by block.
+//! unpacked once per tile and used for all T tokens (from L1), and each activation block is used
+//! for all R rows. Per 8-block chunk the scales `dw · dx` of every (row, token) pair are computed
+//! with one vector multiply, and each pair's eight block dots are reduced in registers.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -293,14 +293,18 @@ macro_rules! backend {
                         }
                     }
                     let sc = chunk_scales(&rows, tok, b0, nb);
-                    // Per (row, token), the per-lane partial dots of each block of the chunk.
-                    let mut l = [[[_mm256_setzero_si256(); 8]; T]; R];
-                    for j in 0..(nb - b0).min(8) {
-                        let b = b0 + j;
-                        pf.block(b);
-                        let mut w = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
-                        for r in 0..R {
-                            w[r] = if F == BYTES {
+                    let nj = (nb - b0).min(8);
+                    for j in 0..nj {
+                        pf.block(b0 + j);
+                    }
+                    // Row by row, then token by token: the eight partial-dot vectors of one
+                    // (row, token) pair stay in registers (all R × T × 8 of them spilled to the
+                    // stack on AVX2's 16 registers); the row's unpacked blocks sit in L1.
+                    for r in 0..R {
+                        let mut w = [(_mm256_setzero_si256(), _mm256_setzero_si256()); 8];
+                        for (j, w) in w.iter_mut().enumerate().take(nj) {
+                            let b = b0 + j;
+                            *w = if F == BYTES {
                                 // SAFETY: `b < nb` and each row's qs holds `32 · nb` bytes
                                 // (checked in `packed_rows`); unaligned load.
                                 $q8prep(unsafe { _mm256_loadu_si256(qs[r].add(32 * b).cast()) })
@@ -319,21 +323,18 @@ macro_rules! backend {
                             };
                         }
                         for t in 0..T {
-                            let xv = tok.xq32(t, b);
-                            for r in 0..R {
-                                l[r][t][j] = if F == NIBBLES {
-                                    $dot(w[r].0, xv)
+                            // Lane j: block b0 + j's whole dot (zero past `nb`, where the
+                            // scale is zero too).
+                            let mut l = [_mm256_setzero_si256(); 8];
+                            for j in 0..nj {
+                                let xv = tok.xq32(t, b0 + j);
+                                l[j] = if F == NIBBLES {
+                                    $dot(w[j].0, xv)
                                 } else {
-                                    $q8dot(w[r], xv)
+                                    $q8dot(w[j], xv)
                                 };
                             }
-                        }
-                    }
-                    // Lane j: block b0 + j's whole dot (zero past `nb`, where the scale is
-                    // zero too).
-                    for r in 0..R {
-                        for t in 0..T {
-                            let l = _mm256_cvtepi32_ps(block_sums(&l[r][t]));
+                            let l = _mm256_cvtepi32_ps(block_sums(&l));
                             // SAFETY: `sc[r][t]` is 8 readable f32s; unaligned load.
                             let s = unsafe { _mm256_loadu_ps(sc[r][t].as_ptr()) };
                             acc[r][t] = _mm256_fmadd_ps(l, s, acc[r][t]);
