@@ -77,6 +77,8 @@ pub struct GenerateArgs {
     /// Wrap the prompt as a user message in the model's chat template.
     #[arg(long)]
     pub chat: bool,
+    #[command(flatten)]
+    pub template: TemplateArgs,
     /// Print one JSON object (prompt and generated token ids, text, usage) instead of streaming.
     #[arg(long)]
     pub json: bool,
@@ -92,7 +94,25 @@ pub struct ChatArgs {
     #[arg(long)]
     pub system: Option<String>,
     #[command(flatten)]
+    pub template: TemplateArgs,
+    #[command(flatten)]
     pub sampling: SamplingArgs,
+}
+
+/// `--chat-template`.
+#[derive(Debug, Args)]
+pub struct TemplateArgs {
+    /// The chat template instead of the model's own (for a model that ships without one): a
+    /// built-in name (`chatml`, `llama3`, `gemma`), a Jinja file, or the template text itself.
+    #[arg(long)]
+    pub chat_template: Option<String>,
+}
+
+impl TemplateArgs {
+    /// Loads the model `model` names, serving with this template when one is given.
+    fn load(&self, model: &ModelArgs) -> anyhow::Result<Loaded> {
+        Ok(crate::load::load(model)?.with_chat_template(self.chat_template.as_deref())?)
+    }
 }
 
 /// Renders messages with the model's template and tokenizes the result (special tokens parsed).
@@ -100,7 +120,7 @@ pub fn chat_prompt(loaded: &Loaded, messages: &[ChatMessage]) -> anyhow::Result<
     let template = loaded
         .template
         .as_ref()
-        .context("this model has no chat template; drop --chat")?;
+        .context("this model has no chat template: pass --chat-template (a built-in name, a Jinja file or the template text), or drop --chat")?;
     let text = template.render(messages, true)?;
     Ok(loaded.tokenizer.encode(&text, true))
 }
@@ -154,7 +174,7 @@ fn run_one(
 }
 
 pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
-    let loaded = crate::load::load(&args.model)?;
+    let loaded = args.template.load(&args.model)?;
     let prompt = if args.chat {
         let msg = ChatMessage::new("user", args.prompt.clone());
         chat_prompt(&loaded, &[msg])?
@@ -179,7 +199,7 @@ pub fn generate(args: GenerateArgs) -> anyhow::Result<()> {
 }
 
 pub fn chat(args: ChatArgs) -> anyhow::Result<()> {
-    let loaded = crate::load::load(&args.model)?;
+    let loaded = args.template.load(&args.model)?;
     let engine = start(&loaded);
     let mut messages = Vec::new();
     if let Some(s) = &args.system {

@@ -38,6 +38,10 @@ pub struct UpArgs {
     /// first use).
     #[arg(long, env = "CLEAVE_MODEL")]
     pub model: Option<PathBuf>,
+    /// The chat template (passed to the router): a built-in name (`chatml`, `llama3`,
+    /// `gemma`), a Jinja file, or the template text; default: the model's own.
+    #[arg(long)]
+    pub chat_template: Option<String>,
     /// KV blocks per worker.
     #[arg(long, default_value_t = 512)]
     pub kv_blocks: usize,
@@ -292,6 +296,7 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         ("--max-in-flight", args.max_in_flight.map(|n| n.to_string())),
         ("--max-queue", args.max_queue.map(|n| n.to_string())),
         ("--queue-timeout", args.queue_timeout.clone()),
+        ("--chat-template", args.chat_template.clone()),
     ] {
         if let Some(v) = value {
             router_args.extend([flag.to_string(), v]);

@@ -88,3 +88,68 @@ fn a_file_that_is_not_gguf_gives_a_clear_error() {
     assert!(err.contains("error:"), "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A model that ships without a chat template (a tiny Hugging Face directory whose
+/// `tokenizer_config.json` has none) chats once `--chat-template` supplies one.
+#[test]
+fn chat_template_flag_serves_a_model_without_one() {
+    let dir = std::env::temp_dir().join(format!("cleave-no-template-{}", std::process::id()));
+    let model = dir.join("model");
+    stdout_of(
+        cleave()
+            .args(["model", "tiny", "--kind", "llama"])
+            .arg(&model),
+    );
+    std::fs::write(
+        model.join("tokenizer_config.json"),
+        r#"{"add_bos_token": false}"#,
+    )
+    .unwrap();
+    let generate = |extra: &[&str]| {
+        let mut c = cleave();
+        c.args([
+            "generate",
+            "--chat",
+            "--prompt",
+            "hi",
+            "--max-tokens",
+            "2",
+            "--json",
+        ])
+        .arg("--model")
+        .arg(&model)
+        .args(extra);
+        c
+    };
+    let err = stderr_of_failure(&mut generate(&[]));
+    assert!(
+        err.contains("no chat template") && err.contains("--chat-template"),
+        "{err}"
+    );
+    let out = stdout_of(&mut generate(&["--chat-template", "chatml"]));
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    // The tiny model's tokenizer is byte-level without merges: one token per byte of the
+    // rendered prompt.
+    let rendered = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n";
+    assert_eq!(
+        v["prompt_tokens"].as_array().unwrap().len(),
+        rendered.len(),
+        "{v}"
+    );
+    let err = stderr_of_failure(&mut generate(&[
+        "--chat-template",
+        "/no/such/template.jinja",
+    ]));
+    assert!(
+        err.contains("/no/such/template.jinja") && err.contains("chatml, llama3, gemma"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn model_inspect_says_whether_the_file_has_a_chat_template() {
+    let out = stdout_of(cleave().args(["model", "inspect"]).arg(model_path()));
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.contains("chat template:  yes ("), "{text}");
+}

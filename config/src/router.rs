@@ -28,6 +28,11 @@ pub struct RouterConfig {
     /// the Hugging Face directory's name).
     #[arg(long, env = "CLEAVE_SERVED_MODEL_NAME")]
     pub served_model_name: Option<String>,
+    /// The chat template to serve `/v1/chat/completions` with, instead of the model's own (for a
+    /// model that ships without one, or to replace it): a built-in name (`chatml`, `llama3`,
+    /// `gemma`), a Jinja file, or the template text itself (when it contains `{{` or `{%`).
+    #[arg(long, env = "CLEAVE_CHAT_TEMPLATE")]
+    pub chat_template: Option<String>,
     /// Decode workers' gRPC endpoints (`http://host:port`, repeatable).
     #[arg(long = "decode")]
     pub decode: Vec<String>,

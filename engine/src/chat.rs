@@ -6,7 +6,10 @@
 //! methods on strings and dicts (`.strip()`, `.startswith()`, `.items()`, ...). This module runs
 //! such templates with minijinja, set up to match (`pycompat` supplies the Python methods).
 
+pub mod builtin;
 mod pycompat;
+
+use std::sync::Arc;
 
 use minijinja::{context, Environment, Error, ErrorKind, Value};
 
@@ -22,6 +25,14 @@ pub enum ChatError {
     /// The GGUF file has no `tokenizer.chat_template`, or it is not a string.
     #[error("model has no usable chat template")]
     Missing(#[source] GgufError),
+    /// `--chat-template` names neither a built-in template nor a readable file.
+    #[error("--chat-template {value:?}: {reason}")]
+    Choice {
+        /// What was given.
+        value: String,
+        /// Why it names no template.
+        reason: String,
+    },
     /// The template does not compile.
     #[error("chat template syntax error: {0}")]
     Syntax(String),
@@ -113,12 +124,39 @@ impl ChatTemplate {
         let source = g
             .get_str("tokenizer.chat_template")
             .map_err(ChatError::Missing)?;
+        Self::with_tokens_of(source, tok)
+    }
+
+    /// [`Self::new`] with the BOS/EOS strings of `tok`.
+    fn with_tokens_of(source: &str, tok: &Tokenizer) -> Result<Self, ChatError> {
         let text = |id: Option<u32>| {
             id.and_then(|id| tok.token_str(id))
                 .unwrap_or_default()
                 .to_string()
         };
         Self::new(source, &text(tok.bos()), &text(tok.eos()))
+    }
+
+    /// The template `--chat-template VALUE` names, with BOS/EOS strings from `tok`: a built-in
+    /// name ([`builtin::names`]), the template text itself when it contains `{{` or `{%` (as
+    /// vLLM's flag accepts), or else the path of a Jinja file.
+    pub fn from_flag(value: &str, tok: &Tokenizer) -> Result<Self, ChatError> {
+        let owned;
+        let source = if let Some(s) = builtin::source(value) {
+            s
+        } else if value.contains("{{") || value.contains("{%") {
+            value
+        } else {
+            owned = std::fs::read_to_string(value).map_err(|e| ChatError::Choice {
+                value: value.to_string(),
+                reason: format!(
+                    "not a built-in template ({}) and not a readable file: {e}",
+                    builtin::names()
+                ),
+            })?;
+            &owned
+        };
+        Self::with_tokens_of(source, tok)
     }
 
     /// Renders `messages`; with `add_generation_prompt` the result ends with the opening of an
@@ -175,6 +213,19 @@ impl ChatTemplate {
                 _ => ChatError::Render(describe(&e)),
             }
         })
+    }
+}
+
+/// The template a model serves with: the one `--chat-template` names when given (a bad choice is
+/// an error: the user asked for it), else the model's own.
+pub fn choose(
+    flag: Option<&str>,
+    tok: &Tokenizer,
+    from_model: Option<Arc<ChatTemplate>>,
+) -> Result<Option<Arc<ChatTemplate>>, ChatError> {
+    match flag {
+        Some(v) => Ok(Some(Arc::new(ChatTemplate::from_flag(v, tok)?))),
+        None => Ok(from_model),
     }
 }
 

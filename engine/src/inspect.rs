@@ -55,8 +55,26 @@ pub struct Inspection {
     pub context_length: Option<u64>,
     /// `tokenizer.ggml.model` (and `.pre`), with the vocabulary size.
     pub vocabulary: Option<String>,
+    /// Whether the file carries a chat template that compiles, and what to do if not.
+    pub chat_template: String,
     /// Why cleave cannot run the file; empty when it can.
     pub problems: Vec<String>,
+}
+
+/// The chat-template line of the report: chat requests need one that compiles.
+fn chat_template_state(g: &GgufFile) -> String {
+    let fix = format!(
+        "/v1/chat/completions and `--chat` need --chat-template (built in: {}; a Jinja file; or \
+         the template text)",
+        crate::chat::builtin::names()
+    );
+    match g.get_str("tokenizer.chat_template") {
+        Ok(source) => match crate::chat::ChatTemplate::new(source, "", "") {
+            Ok(_) => format!("yes ({} bytes)", source.len()),
+            Err(e) => format!("present, but {e}: {fix}"),
+        },
+        Err(_) => format!("none: {fix}"),
+    }
 }
 
 impl Inspection {
@@ -119,6 +137,7 @@ pub fn inspect(g: &GgufFile) -> Inspection {
         types,
         context_length,
         vocabulary,
+        chat_template: chat_template_state(g),
         problems,
     }
 }
@@ -135,6 +154,7 @@ impl fmt::Display for Inspection {
             .map_or("(none)".into(), |c| c.to_string());
         writeln!(f, "context length: {ctx}")?;
         writeln!(f, "vocabulary:     {}", or_none(&self.vocabulary))?;
+        writeln!(f, "chat template:  {}", self.chat_template)?;
         let (params, bytes) = self.types.values().fold((0u64, 0u64), |(p, b), c| {
             (p.saturating_add(c.elements), b.saturating_add(c.bytes))
         });

@@ -51,6 +51,13 @@ impl ModelText {
         }
     }
 
+    /// The same, serving with the template `--chat-template` names when `flag` is given
+    /// ([`crate::chat::choose`]).
+    pub fn with_chat_template(mut self, flag: Option<&str>) -> Result<Self, ChatError> {
+        self.template = crate::chat::choose(flag, &self.tokenizer, self.template)?;
+        Ok(self)
+    }
+
     /// Reads the tokenizer, chat template and context length of the GGUF file or Hugging Face
     /// directory at `path`.
     pub fn open(path: &Path) -> Result<Self, LoadError> {
@@ -143,6 +150,13 @@ impl Loaded {
             tokenizer: text.tokenizer,
             template: text.template,
         })
+    }
+
+    /// The same, serving with the template `--chat-template` names when `flag` is given
+    /// ([`crate::chat::choose`]).
+    pub fn with_chat_template(mut self, flag: Option<&str>) -> Result<Self, ChatError> {
+        self.template = crate::chat::choose(flag, &self.tokenizer, self.template)?;
+        Ok(self)
     }
 
     /// Tokenizes a prompt as plain text, adding BOS when the model asks for it.

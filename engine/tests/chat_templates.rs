@@ -244,3 +244,39 @@ fn gemma_2_rejects_a_system_turn_with_its_own_message() {
         "{e}"
     );
 }
+
+/// The built-in templates (`--chat-template NAME`) render what the real models' own templates
+/// render, where the formats agree: `gemma` as Gemma 2's on conversations without a system turn
+/// (Gemma 2 rejects one; the built-in folds it into the first user turn as Gemma 3 does),
+/// `chatml` as Qwen 2.5's once a system turn is given (Qwen's adds its own default otherwise).
+#[test]
+fn builtin_templates_match_the_models_they_stand_in_for() {
+    let cases = [
+        ("gemma", "google-gemma-2-2b-it", [0, 2].as_slice()),
+        ("chatml", "Qwen-Qwen2.5-7B-Instruct", [1].as_slice()),
+    ];
+    let convos = conversations();
+    for (name, model, which) in cases {
+        let path = templates_dir().join(format!("{model}.jinja"));
+        if !llama_ref::available(&path) {
+            return;
+        }
+        let source = std::fs::read_to_string(&path).expect("read template");
+        let real = ChatTemplate::new(&source, BOS, EOS).expect("compiles");
+        let ours = ChatTemplate::new(
+            cleave_engine::chat::builtin::source(name).expect("built in"),
+            BOS,
+            EOS,
+        )
+        .expect("compiles");
+        for &i in which {
+            for agp in [false, true] {
+                assert_eq!(
+                    ours.render(&convos[i], agp).unwrap(),
+                    real.render(&convos[i], agp).unwrap(),
+                    "{name} vs {model}, conversation {i}, generation prompt {agp}"
+                );
+            }
+        }
+    }
+}

@@ -205,6 +205,12 @@ fn inspect_reports_types_and_why_a_file_cannot_run() {
         text.contains("runnable:       no") && text.contains("q6_K"),
         "{text}"
     );
+    // No chat template: the report says which flag supplies one.
+    assert!(
+        r.chat_template.starts_with("none:") && r.chat_template.contains("--chat-template"),
+        "{}",
+        r.chat_template
+    );
 
     // An IQ2_XXS tensor: named with its type.
     let g = GgufFile::from_bytes(patched("blk.0.attn_q.weight", None, Some(16))).unwrap();
@@ -223,6 +229,7 @@ fn inspect_says_the_default_model_runs() {
     let g = GgufFile::open(&cleave_engine::gguf::default_model_path()).unwrap();
     let r = cleave_engine::inspect::inspect(&g);
     assert!(r.runnable(), "{r}");
+    assert!(r.chat_template.starts_with("yes ("), "{r}");
     assert_eq!(r.architecture.as_deref(), Some("llama"));
     assert!(
         r.types.contains_key("q4_1") && r.types.contains_key("q8_0"),

@@ -23,7 +23,6 @@ pub mod scrape;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use cleave_engine::load::ModelText;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
 use tokio_util::sync::CancellationToken;
 
@@ -53,10 +52,7 @@ pub async fn run(
 ) -> Result<Running, RouterError> {
     config.validate()?;
     let epp = &config.epp;
-    let model = ModelText::open(&config.model).map_err(|source| RouterError::Model {
-        path: config.model.clone(),
-        source,
-    })?;
+    let model = crate::serve::open_model(&config)?;
     let text = Text {
         tokenizer: model.tokenizer,
         template: model.template,

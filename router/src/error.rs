@@ -22,6 +22,9 @@ pub enum RouterError {
         #[source]
         source: cleave_engine::load::LoadError,
     },
+    /// `--chat-template` names no template that compiles.
+    #[error(transparent)]
+    ChatTemplate(#[from] cleave_engine::chat::ChatError),
     /// The API keys file does not load.
     #[error("--api-keys-file")]
     Keys(#[from] crate::keys::KeysError),

@@ -59,10 +59,7 @@ pub async fn run(
     let shutdown = drain.stop.clone();
     // A start that fails below stops what it started (and the drain's wait for the signal).
     let stop_on_error = drain.stop.clone().drop_guard();
-    let text = ModelText::open(&config.model).map_err(|source| RouterError::Model {
-        path: config.model.clone(),
-        source,
-    })?;
+    let text = open_model(&config)?;
     let (tokenizer, template, max_context) = (text.tokenizer, text.template, text.max_context);
     let model_name = config
         .served_model_name
@@ -291,6 +288,16 @@ pub fn serve_until_signal(config: RouterConfig) -> Result<(), RouterError> {
 
 /// The name clients send by default: a GGUF file's name without `.gguf`, a Hugging Face
 /// directory's name.
+/// The tokenizer, chat template (`--chat-template` when given) and context length of
+/// `--model`.
+pub(crate) fn open_model(config: &RouterConfig) -> Result<ModelText, RouterError> {
+    let text = ModelText::open(&config.model).map_err(|source| RouterError::Model {
+        path: config.model.clone(),
+        source,
+    })?;
+    Ok(text.with_chat_template(config.chat_template.as_deref())?)
+}
+
 pub(crate) fn default_model_name(model: &std::path::Path) -> String {
     let name = if model.is_dir() {
         model.file_name()

@@ -23,7 +23,8 @@ use super::{mutate, Cases, Tally};
 /// A render slower than this counts as a hang.
 const SLOW: Duration = Duration::from_secs(5);
 
-/// The templates to fuzz: the model's, then every compiling one of llama.cpp's test set.
+/// The templates to fuzz: the model's, cleave's built-in ones (`--chat-template NAME`), then
+/// every compiling one of llama.cpp's test set.
 pub fn templates(model: &Path) -> Vec<(String, Arc<ChatTemplate>)> {
     let mut out = Vec::new();
     match ModelText::open(model) {
@@ -33,6 +34,10 @@ pub fn templates(model: &Path) -> Vec<(String, Arc<ChatTemplate>)> {
             }
         }
         Err(e) => eprintln!("fuzz chat: no model template ({e})"),
+    }
+    for (name, source) in cleave_engine::chat::builtin::all() {
+        let t = ChatTemplate::new(source, "<s>", "</s>").expect("built-in templates compile");
+        out.push((format!("built-in {name}"), Arc::new(t)));
     }
     let mut paths: Vec<PathBuf> = std::fs::read_dir(super::llama_vocab_dir().join("templates"))
         .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
@@ -106,6 +111,7 @@ fn kind(e: &ChatError) -> &'static str {
         ChatError::Syntax(_) => "syntax",
         ChatError::Raised(_) => "raised",
         ChatError::Render(_) => "render-error",
+        ChatError::Choice { .. } => "choice",
     }
 }
 

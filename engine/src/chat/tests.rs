@@ -193,3 +193,130 @@ fn a_template_engine_panic_is_a_render_error() {
         other => panic!("expected a render error, got {other:?}"),
     }
 }
+
+fn builtin(name: &str) -> ChatTemplate {
+    ChatTemplate::new(builtin::source(name).expect("built in"), "<bos>", "<eos>").unwrap()
+}
+
+fn with_system() -> Vec<ChatMessage> {
+    let mut m = vec![ChatMessage::new("system", " Be brief. ")];
+    m.extend(convo());
+    m
+}
+
+#[test]
+fn builtin_templates_render_their_formats() {
+    assert_eq!(
+        builtin("chatml").render(&with_system(), true).unwrap(),
+        "<|im_start|>system\n Be brief. <|im_end|>\n<|im_start|>user\nHello<|im_end|>\n\
+         <|im_start|>assistant\nHi there<|im_end|>\n<|im_start|>user\nHow are you?<|im_end|>\n\
+         <|im_start|>assistant\n"
+    );
+    assert_eq!(
+        builtin("llama3").render(&with_system(), true).unwrap(),
+        "<bos><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>\
+         <|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>\
+         <|start_header_id|>assistant<|end_header_id|>\n\nHi there<|eot_id|>\
+         <|start_header_id|>user<|end_header_id|>\n\nHow are you?<|eot_id|>\
+         <|start_header_id|>assistant<|end_header_id|>\n\n"
+    );
+    // Gemma: the system message opens the first user turn; assistant turns are `model`'s.
+    assert_eq!(
+        builtin("gemma").render(&with_system(), true).unwrap(),
+        "<bos><start_of_turn>user\nBe brief.\n\nHello<end_of_turn>\n\
+         <start_of_turn>model\nHi there<end_of_turn>\n\
+         <start_of_turn>user\nHow are you?<end_of_turn>\n<start_of_turn>model\n"
+    );
+    assert_eq!(
+        builtin("gemma").render(&convo(), false).unwrap(),
+        "<bos><start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\nHi \
+         there<end_of_turn>\n<start_of_turn>user\nHow are you?<end_of_turn>\n"
+    );
+    assert_eq!(builtin::names(), "chatml, llama3, gemma");
+}
+
+/// A scratch directory of this process and test, removed when dropped.
+struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    fn new(test: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("cleave-chat-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A tiny Hugging Face model directory whose `tokenizer_config.json` has no chat template.
+fn model_without_template(dir: &std::path::Path) -> crate::load::ModelText {
+    crate::tiny::write_model(
+        dir,
+        crate::tiny::Kind::Llama,
+        crate::safetensors::Dtype::F32,
+        1,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        r#"{"add_bos_token": false}"#,
+    )
+    .unwrap();
+    crate::load::ModelText::open(dir).unwrap()
+}
+
+#[test]
+fn chat_template_flag_takes_a_name_a_file_or_the_text() {
+    let tmp = Scratch::new("flag");
+    let text = model_without_template(&tmp.path().join("model"));
+    assert!(text.template.is_none());
+    let user = [ChatMessage::new("user", "Hi")];
+    let render = |flag: &str| {
+        let t = crate::load::ModelText::open(&tmp.path().join("model"))
+            .unwrap()
+            .with_chat_template(Some(flag))
+            .unwrap();
+        t.template.expect("a template").render(&user, true).unwrap()
+    };
+    assert_eq!(
+        render("chatml"),
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let file = tmp.path().join("t.jinja");
+    std::fs::write(
+        &file,
+        "{% for m in messages %}[{{ m.content }}]{% endfor %}",
+    )
+    .unwrap();
+    assert_eq!(render(file.to_str().unwrap()), "[Hi]");
+    assert_eq!(render("{{ messages[0].role }}!"), "user!");
+    // No flag: the model's own (here none).
+    let none = text.with_chat_template(None).unwrap();
+    assert!(none.template.is_none());
+}
+
+#[test]
+fn a_bad_chat_template_flag_names_what_was_wrong() {
+    let tmp = Scratch::new("bad-flag");
+    let text = model_without_template(&tmp.path().join("model"));
+    let tok = text.tokenizer.clone();
+    let missing = tmp.path().join("nope.jinja");
+    let e = ChatTemplate::from_flag(missing.to_str().unwrap(), &tok).unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, ChatError::Choice { .. }), "{e:?}");
+    assert!(
+        msg.contains("nope.jinja") && msg.contains("chatml, llama3, gemma"),
+        "{msg}"
+    );
+    let e = ChatTemplate::from_flag("{% for m in messages %}", &tok).unwrap_err();
+    assert!(matches!(e, ChatError::Syntax(_)), "{e:?}");
+    assert!(text.with_chat_template(Some("chatm1")).is_err());
+}

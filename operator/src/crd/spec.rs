@@ -87,6 +87,13 @@ pub struct ModelSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub served_name: Option<String>,
+    /// The chat template the router serves `/v1/chat/completions` with, instead of the one in
+    /// the model file (for a model that ships without one, or to replace it): a built-in name
+    /// (`chatml`, `llama3`, `gemma`) or the Jinja template text itself. A template that does not
+    /// compile stops the router with an error naming it (the `ContainerFailing` condition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 131072))]
+    pub chat_template: Option<String>,
     /// Weights file format (the engine reads GGUF).
     #[serde(default)]
     pub format: ModelFormat,

@@ -86,9 +86,7 @@ fn epp_env(
         ("model", model_path.to_string()),
         ("policy", isvc.spec.router.policy.as_flag().to_string()),
     ];
-    if let Some(n) = &isvc.spec.model.served_name {
-        settings.push(("served_model_name", n.clone()));
-    }
+    settings.extend(super::model_text_settings(isvc));
     Ok(config::router_env(&settings)
         .map_err(RenderError::settings("endpoint-picker"))?
         .0)
@@ -288,6 +286,7 @@ mod tests {
         let mut s = spec();
         s.gateway.inference_pool = gateway;
         s.gateway.failure_mode = FailureMode::FailOpen;
+        s.model.chat_template = Some("{{ messages[0].content }}".into());
         chat(s)
     }
 
@@ -399,6 +398,8 @@ mod tests {
         assert_eq!(env["CLEAVE_EPP_POOL"], "chat-pool");
         assert_eq!(env["CLEAVE_EPP_LISTEN"], "0.0.0.0:9002");
         assert_eq!(env["CLEAVE_KUBE_NAMESPACE"], "ml");
+        // The picker renders chat requests with the same template as the router.
+        assert_eq!(env["CLEAVE_CHAT_TEMPLATE"], "{{ messages[0].content }}");
         let dep = deployment(&d, "chat-epp");
         let spec = dep.spec.as_ref().unwrap();
         assert_eq!(spec.replicas, Some(1));

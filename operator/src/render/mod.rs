@@ -162,6 +162,20 @@ fn internal_tls_settings(isvc: &InferenceService) -> Vec<(&'static str, String)>
     settings
 }
 
+/// What the router and the endpoint picker read of the model besides its path: the name clients
+/// send and the chat template.
+fn model_text_settings(isvc: &InferenceService) -> Vec<(&'static str, String)> {
+    let m = &isvc.spec.model;
+    let mut settings = Vec::new();
+    if let Some(n) = &m.served_name {
+        settings.push(("served_model_name", n.clone()));
+    }
+    if let Some(t) = &m.chat_template {
+        settings.push(("chat_template", t.clone()));
+    }
+    settings
+}
+
 fn router_config(
     isvc: &InferenceService,
     model_path: &str,
@@ -173,9 +187,7 @@ fn router_config(
         ("policy", r.policy.as_flag().to_string()),
         ("drain_period", format!("{}s", pods::ROUTER_DRAIN_SECONDS)),
     ];
-    if let Some(n) = &isvc.spec.model.served_name {
-        settings.push(("served_model_name", n.clone()));
-    }
+    settings.extend(model_text_settings(isvc));
     if let Some(n) = r.max_in_flight {
         settings.push(("max_in_flight", n.to_string()));
     }

@@ -118,6 +118,7 @@ fn config_maps_hold_the_binaries_settings() {
     let mut s = spec();
     s.decode.kv_blocks = Some(128);
     s.router.queue_timeout_seconds = Some(3);
+    s.model.chat_template = Some("gemma".into());
     s.router.api_key_secret = Some(SecretKeyRef {
         name: "keys".into(),
         key: "list".into(),
@@ -144,6 +145,8 @@ fn config_maps_hold_the_binaries_settings() {
     assert_eq!(router["CLEAVE_DRAIN_PERIOD"], "5s");
     assert_eq!(router["CLEAVE_API_KEYS_FILE"], "/etc/cleave/api-keys/list");
     assert_eq!(router["CLEAVE_QUEUE_TIMEOUT"], "3s");
+    assert_eq!(router["CLEAVE_CHAT_TEMPLATE"], "gemma");
+    assert!(!dec.contains_key("CLEAVE_CHAT_TEMPLATE"));
     let r = deployment(&d, "chat-router");
     let args = r
         .spec

@@ -340,7 +340,9 @@ pub fn tokenize(
         Input::Chat { messages, tools } => {
             let template = t.template.as_ref().ok_or_else(|| {
                 ApiError::bad_request(
-                    "this model has no chat template; use /v1/completions instead",
+                    "this model has no chat template: serve it with --chat-template (a built-in \
+                     name: chatml, llama3, gemma; a Jinja file; or the template text), or use \
+                     /v1/completions",
                 )
             })?;
             let rendered = if template.supports_tools() {

@@ -133,27 +133,33 @@ pub struct Router {
     pub shutdown: CancellationToken,
 }
 
+/// The router's configuration over the worker at `decode` with these extra flags, parsed as the
+/// binary parses them.
+pub fn config(model: &Path, decode: &str, flags: &[&str]) -> RouterConfig {
+    let model = model.display().to_string();
+    let argv = [
+        &[
+            "cleave-router",
+            "--model",
+            &model,
+            "--listen",
+            "127.0.0.1:0",
+            "--decode",
+            decode,
+            "--policy",
+            "round-robin",
+            "--served-model-name",
+            "m",
+        ][..],
+        flags,
+    ]
+    .concat();
+    Cli::try_parse_from(argv).expect("router flags").config
+}
+
 impl Router {
     pub async fn start(model: &Path, decode: &str, flags: &[&str]) -> Router {
-        let model = model.display().to_string();
-        let argv = [
-            &[
-                "cleave-router",
-                "--model",
-                &model,
-                "--listen",
-                "127.0.0.1:0",
-                "--decode",
-                decode,
-                "--policy",
-                "round-robin",
-                "--served-model-name",
-                "m",
-            ][..],
-            flags,
-        ]
-        .concat();
-        let config = Cli::try_parse_from(argv).expect("router flags").config;
+        let config = config(model, decode, flags);
         let shutdown = CancellationToken::new();
         let running = cleave_router::serve::run(config, shutdown.clone())
             .await
