@@ -68,6 +68,13 @@ struct Report {
     weight_bytes_per_token: u64,
     /// This machine's read bandwidth with the run's threads (GB/s), measured in the run.
     read_gb_s: f64,
+    /// Multiply-adds of a prefill token's matrix work (none for an MoE file).
+    matmul_macs_per_token: Option<u64>,
+    /// The int8 dot-product rate of the run's threads on the backend's own instructions
+    /// (GMAC/s), measured in the run; none on the scalar backend.
+    int8_peak_gmacs: Option<f64>,
+    /// The instructions of that measurement.
+    int8_peak_instructions: Option<&'static str>,
     peak_rss_mib: f64,
     llama_cpp: Option<LlamaCpp>,
     /// Why llama.cpp was not measured, when it was not.
@@ -354,6 +361,7 @@ pub fn bench_engine(args: BenchArgs) -> anyhow::Result<()> {
     };
     // Before the bandwidth measurement's 1 GiB buffer.
     let peak_rss = peak_rss_mib();
+    let peak = cleave_engine::kernels::int8_peak_gmacs(args.model.threads);
     let report = Report {
         model: path.display().to_string(),
         threads: args.model.threads,
@@ -368,6 +376,9 @@ pub fn bench_engine(args: BenchArgs) -> anyhow::Result<()> {
         file_mib: std::fs::metadata(&path).map_or(f64::NAN, |m| m.len() as f64 / (1 << 20) as f64),
         weight_bytes_per_token: context::weight_bytes_per_token(&path)?,
         read_gb_s: context::read_bandwidth(args.model.threads),
+        matmul_macs_per_token: context::matmul_macs_per_token(&path)?,
+        int8_peak_gmacs: peak.map(|p| p.0),
+        int8_peak_instructions: peak.map(|p| p.1),
         peak_rss_mib: peak_rss,
         llama_cpp: llama,
         llama_cpp_missing: llama_missing,
@@ -461,6 +472,18 @@ fn print_table(r: &Report) {
             .find(|d| d.0 == 1)
             .map_or(f64::NAN, |d| d.1 / limit)
     );
+    if let (Some(peak), Some(what), Some(macs)) = (
+        r.int8_peak_gmacs,
+        r.int8_peak_instructions,
+        r.matmul_macs_per_token,
+    ) {
+        let work = r.prefill_tok_s * macs as f64 / 1e9;
+        println!(
+            "int8 dot peak {peak:.1} GMAC/s ({} threads, {what}); prefill's matrix work {work:.1} GMAC/s = {:.0}% of it",
+            r.threads,
+            100.0 * work / peak
+        );
+    }
     println!(
         "KV {} pool {:.0} MiB, file {:.0} MiB; peak RSS {:.0} MiB ({:.2}x file + pool)",
         r.kv_dtype,

@@ -70,6 +70,33 @@ use std::ops::Range;
 
 use half::f16;
 
+/// This machine's int8 dot-product rate with `threads` threads running the backend's own dot
+/// instructions at once, registers only (GMAC/s, summed over the threads), and which
+/// instructions; `None` on the scalar backend. The ceiling prefill's matrix work is measured
+/// against (`cleave bench engine`).
+pub fn int8_peak_gmacs(threads: usize) -> Option<(f64, &'static str)> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let min = std::time::Duration::from_millis(50);
+        let each: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads.max(1))
+                .map(|_| s.spawn(move || x86::peak::int8_peak(min)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().ok().flatten())
+                .collect()
+        });
+        let what = each.first().copied().flatten()?.1;
+        Some((each.iter().flatten().map(|p| p.0).sum(), what))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = threads;
+        None
+    }
+}
+
 /// Number of elements in a quantization block (and in a block of quantized activations).
 pub const QK: usize = 32;
 /// Number of elements in a K-quant super-block.

@@ -33,7 +33,10 @@ async fn post_chat(router: &Router) -> (u16, Value) {
         .await
         .unwrap();
     let status = r.status().as_u16();
-    (status, serde_json::from_str(&r.text().await.unwrap()).unwrap())
+    (
+        status,
+        serde_json::from_str(&r.text().await.unwrap()).unwrap(),
+    )
 }
 
 #[tokio::test]

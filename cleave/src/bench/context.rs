@@ -67,6 +67,23 @@ pub(super) fn weight_bytes_per_token(path: &std::path::Path) -> anyhow::Result<u
     Ok(sum)
 }
 
+/// Multiply-adds of a prefill token's matrix work: the elements of every layer's weight
+/// matrices (not the embeddings, whose rows are copied, nor the output layer, which prefill runs
+/// for the last token only). `None` for an MoE file, whose tokens use only some experts.
+pub(super) fn matmul_macs_per_token(path: &std::path::Path) -> anyhow::Result<Option<u64>> {
+    let file = GgufFile::open(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut sum = 0u64;
+    for t in &file.tensors {
+        if t.name.contains("_exps") {
+            return Ok(None);
+        }
+        if t.name.starts_with("blk.") && t.name.ends_with(".weight") && t.dims.len() >= 2 {
+            sum += t.n_elements();
+        }
+    }
+    Ok(Some(sum))
+}
+
 /// This machine's read bandwidth over a 1 GiB buffer with `threads` threads (GB/s, best of
 /// three passes after one that pages the buffer in).
 pub(super) fn read_bandwidth(threads: usize) -> f64 {

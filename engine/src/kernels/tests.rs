@@ -468,6 +468,23 @@ fn activations_are_reused_and_simd_path_is_named() {
     assert_eq!(Threads::new(2).count(), 2);
 }
 
+#[test]
+fn the_int8_peak_is_measured_on_the_backend_in_use() {
+    match (simd_path(), int8_peak_gmacs(2)) {
+        ("scalar", peak) => assert!(peak.is_none(), "{peak:?}"),
+        (path, Some((gmacs, what))) => {
+            assert!(gmacs.is_finite() && gmacs > 0.0, "{path}: {gmacs}");
+            let instr = if path == "avx2" {
+                "vpmaddubsw"
+            } else {
+                "vpdpbusd"
+            };
+            assert!(what.contains(instr), "{path}: {what}");
+        }
+        (path, None) => panic!("{path}: no int8 peak"),
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(24))]
 

@@ -15,6 +15,7 @@ use std::ops::Range;
 use super::{Activations, OutPtr, PackedRow, QMatrix, QK};
 
 mod kquant;
+pub(super) mod peak;
 pub(super) mod quant;
 mod width;
 pub(super) mod zmm;
