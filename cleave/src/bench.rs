@@ -362,6 +362,7 @@ pub fn bench_engine(args: BenchArgs) -> anyhow::Result<()> {
     // Before the bandwidth measurement's 1 GiB buffer.
     let peak_rss = peak_rss_mib();
     let peak = cleave_engine::kernels::int8_peak_gmacs(args.model.threads);
+    let cost = context::weight_cost(&path)?;
     let report = Report {
         model: path.display().to_string(),
         threads: args.model.threads,
@@ -374,9 +375,9 @@ pub fn bench_engine(args: BenchArgs) -> anyhow::Result<()> {
         kv_dtype: args.kv_dtype.as_str(),
         kv_pool_mib: (blocks * block_bytes) as f64 / (1 << 20) as f64,
         file_mib: std::fs::metadata(&path).map_or(f64::NAN, |m| m.len() as f64 / (1 << 20) as f64),
-        weight_bytes_per_token: context::weight_bytes_per_token(&path)?,
+        weight_bytes_per_token: cost.bytes_per_token,
         read_gb_s: context::read_bandwidth(args.model.threads),
-        matmul_macs_per_token: context::matmul_macs_per_token(&path)?,
+        matmul_macs_per_token: cost.matmul_macs_per_token,
         int8_peak_gmacs: peak.map(|p| p.0),
         int8_peak_instructions: peak.map(|p| p.1),
         peak_rss_mib: peak_rss,

@@ -50,38 +50,38 @@ pub(super) fn measure(
     Ok(rows)
 }
 
-/// Bytes of weights a decode step reads per token: every tensor but the token embeddings, of
-/// which one row is read (unless the output layer is tied to them, when all of it is).
-pub(super) fn weight_bytes_per_token(path: &std::path::Path) -> anyhow::Result<u64> {
+/// What a token costs in weights, from the file's tensor table (read once).
+pub(super) struct WeightCost {
+    /// Bytes a decode step reads per token: every tensor but the token embeddings, of which one
+    /// row is read (unless the output layer is tied to them, when all of it is).
+    pub bytes_per_token: u64,
+    /// Multiply-adds of a prefill token's matrix work: the elements of every layer's weight
+    /// matrices (not the embeddings, whose rows are copied, nor the output layer, which prefill
+    /// runs for the last token only). `None` for an MoE file, whose tokens use only some experts.
+    pub matmul_macs_per_token: Option<u64>,
+}
+
+/// The [`WeightCost`] of the GGUF file at `path`.
+pub(super) fn weight_cost(path: &std::path::Path) -> anyhow::Result<WeightCost> {
     let file = GgufFile::open(path).with_context(|| format!("reading {}", path.display()))?;
     let tied = file.tensor("output.weight").is_err();
-    let mut sum = 0u64;
+    let (mut bytes, mut macs, mut moe) = (0u64, 0u64, false);
     for t in &file.tensors {
+        moe |= t.name.contains("_exps");
+        if t.name.starts_with("blk.") && t.name.ends_with(".weight") && t.dims.len() >= 2 {
+            macs += t.n_elements();
+        }
         if t.name == "token_embd.weight" && !tied {
             continue;
         }
-        sum += t
+        bytes += t
             .n_bytes()
             .with_context(|| format!("tensor {} has no known size", t.name))?;
     }
-    Ok(sum)
-}
-
-/// Multiply-adds of a prefill token's matrix work: the elements of every layer's weight
-/// matrices (not the embeddings, whose rows are copied, nor the output layer, which prefill runs
-/// for the last token only). `None` for an MoE file, whose tokens use only some experts.
-pub(super) fn matmul_macs_per_token(path: &std::path::Path) -> anyhow::Result<Option<u64>> {
-    let file = GgufFile::open(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut sum = 0u64;
-    for t in &file.tensors {
-        if t.name.contains("_exps") {
-            return Ok(None);
-        }
-        if t.name.starts_with("blk.") && t.name.ends_with(".weight") && t.dims.len() >= 2 {
-            sum += t.n_elements();
-        }
-    }
-    Ok(Some(sum))
+    Ok(WeightCost {
+        bytes_per_token: bytes,
+        matmul_macs_per_token: (!moe).then_some(macs),
+    })
 }
 
 /// This machine's read bandwidth over a 1 GiB buffer with `threads` threads (GB/s, best of

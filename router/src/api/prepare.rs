@@ -339,11 +339,11 @@ pub fn tokenize(
     let (prompts, what) = match input {
         Input::Chat { messages, tools } => {
             let template = t.template.as_ref().ok_or_else(|| {
-                ApiError::bad_request(
+                ApiError::bad_request(format!(
                     "this model has no chat template: serve it with --chat-template (a built-in \
-                     name: chatml, llama3, gemma; a Jinja file; or the template text), or use \
-                     /v1/completions",
-                )
+                     name: {}; a Jinja file; or the template text), or use /v1/completions",
+                    cleave_engine::chat::builtin::names()
+                ))
             })?;
             let rendered = if template.supports_tools() {
                 let defs = tools.as_ref().map(Tools::definitions);
