@@ -3,7 +3,7 @@
 
 #![allow(clippy::disallowed_methods)] // tests and benchmarks may read the environment and poll with sleeps
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

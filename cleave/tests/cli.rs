@@ -1,6 +1,6 @@
 //! The `cleave` binary as a user runs it, on the default model.
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 

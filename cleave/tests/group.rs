@@ -4,7 +4,8 @@
 //! inside a collective (the `group.all_reduces` fault point) fails the group fast (aborted
 //! requests, not ready, no blocks held, exit status 1) and a restarted group serves again.
 
-mod support;
+use crate::support;
+use crate::support::SERIAL;
 
 use std::time::{Duration, Instant};
 
@@ -18,9 +19,6 @@ use support::{generate, http_get, metric, Group, Netns};
 /// for the statistical check); these prompts have no such tie within `N` tokens, and the
 /// result is deterministic run to run.
 const N: usize = 12;
-
-/// The tests start several model processes each: one at a time on small machines.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn prompts(l: &Loaded) -> Vec<Vec<u32>> {
     [

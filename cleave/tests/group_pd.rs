@@ -7,7 +7,8 @@
 
 #![allow(clippy::disallowed_methods)] // tests and benchmarks may read the environment and poll with sleeps
 
-mod support;
+use crate::support;
+use crate::support::SERIAL;
 
 use std::time::{Duration, Instant};
 
@@ -52,9 +53,6 @@ fn wait_metric(addr: &str, name: &str, want: f64) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
-
-/// The tests start six model processes each: one at a time on small machines.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tp3_prefill_group_feeds_a_tp3_decode_group_rank_to_rank_over_tcp() {

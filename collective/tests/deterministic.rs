@@ -6,7 +6,7 @@
 //! default model, EP=2 groups of tiny MoE checkpoints (Qwen2-MoE with its shared expert,
 //! Mixtral), and the single process (TP=1). See docs/collectives.md, "Batch invariance".
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc};

@@ -3,17 +3,13 @@
 
 #![allow(clippy::disallowed_methods)] // tests and benchmarks may read the environment and poll with sleeps
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
 use cleave_collective::{GroupConfig, GroupError, NetGroup, Pending, Transport};
 use cleave_engine::collective::{Collective, CollectiveError};
 use common::on_ranks_with;
-
-/// Catches a transport writing into a buffer after it was freed (see `common::quarantine`).
-#[global_allocator]
-static ALLOC: common::quarantine::Quarantine = common::quarantine::Quarantine;
 
 fn is_peer_or_abort(e: &CollectiveError) -> bool {
     matches!(

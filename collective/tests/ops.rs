@@ -1,6 +1,6 @@
 //! Every collective against a simple reference, over real TCP between threads.
 
-mod common;
+use crate::common;
 
 use cleave_collective::{NetGroup, Transport};
 use cleave_engine::collective::Collective;

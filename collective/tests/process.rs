@@ -3,7 +3,7 @@
 
 #![allow(clippy::disallowed_methods)] // tests and benchmarks may read the environment and poll with sleeps
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
@@ -13,10 +13,6 @@ use cleave_collective::{NetGroup, Transport};
 use cleave_engine::collective::{Collective, CollectiveError};
 
 const CHILD_ENV: &str = "CLEAVE_COLL_CHILD";
-
-/// Catches a transport writing into a buffer after it was freed (see `common::quarantine`).
-#[global_allocator]
-static ALLOC: common::quarantine::Quarantine = common::quarantine::Quarantine;
 
 /// The child rank: joins the group and all-reduces until the group fails. A no-op when run as
 /// an ordinary test.
@@ -59,7 +55,12 @@ fn killed_rank(t: Transport) {
     };
     let (pending, addr) = common::leader(world, &tweak);
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_rank", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "process::child_rank",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(
             CHILD_ENV,
             format!(

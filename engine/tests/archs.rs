@@ -7,8 +7,8 @@
 //! give the same greedy tokens however they are computed: prefill or decode, in chunks,
 //! batched, with a prefix-cache hit, and disaggregated.
 
-mod common;
-mod tiny;
+use crate::common;
+use crate::tiny;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -6,7 +6,7 @@
 //! without the generation prompt. Equal text, or both raise (Gemma 2 rejects a system turn
 //! with `raise_exception`) with the same message, or both fail.
 
-mod llama_ref;
+use crate::llama_ref;
 
 use std::io::Write;
 use std::path::PathBuf;

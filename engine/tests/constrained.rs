@@ -3,7 +3,7 @@
 //! same tokens alone, batched with others (each with its own schema), under a small chunk
 //! budget, after a prefix-cache hit and when preempted.
 
-mod common;
+use crate::common;
 
 use cleave_engine::constrain::Constraint;
 use cleave_engine::engine::{EngineError, FinishReason, GenerateRequest};

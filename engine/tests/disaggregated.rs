@@ -2,7 +2,7 @@
 //! copy give exactly the tokens of one engine doing both, reuse the decode side's prefix cache,
 //! fall back to local prefill when the KV does not come, and never leak a block.
 
-mod common;
+use crate::common;
 
 use cleave_engine::engine::{
     Engine, EngineConfig, FinishReason, GenerateRequest, PrefillMode, SeqEvent,

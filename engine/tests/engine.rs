@@ -1,7 +1,7 @@
 //! The engine end to end on the default model: batching, prefix cache, cancellation,
 //! preemption, and block accounting after each.
 
-mod common;
+use crate::common;
 
 use common::{collect, engine, greedy, prompt, run_all};
 

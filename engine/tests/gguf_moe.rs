@@ -3,7 +3,7 @@
 //! Q/K rows): the tiny HF checkpoints converted to GGUF by this test
 //! load into the same model as from safetensors, whole and expert-parallel.
 
-mod tiny;
+use crate::tiny;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 //! relay messages reach the followers and their statuses come back summed; a collective
 //! failure stops the engine, aborts its requests and frees every block.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

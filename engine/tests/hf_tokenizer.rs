@@ -2,7 +2,7 @@
 //! metadata: the default model's vocabulary, merges and special tokens written as SmolLM2's
 //! `tokenizer.json` (Digits + ByteLevel pre-tokenizer) encode the reference text identically.
 
-mod tiny;
+use crate::tiny;
 
 use std::sync::Arc;
 

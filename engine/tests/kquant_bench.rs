@@ -5,13 +5,13 @@
 //!
 //! ```text
 //! CLEAVE_KQUANT_MODELS=/path/a.Q4_K_M.gguf,/path/b.Q6_K.gguf \
-//!   cargo test --release -p cleave-engine --test kquant_bench -- --ignored --nocapture
+//!   cargo test --release -p cleave-engine --test integration kquant_bench -- --ignored --nocapture
 //! ```
 //! (default: `SmolLM2-135M-Instruct.Q4_K_M.gguf` next to the default model).
 
 #![allow(clippy::disallowed_methods)] // tests and benchmarks may read the environment and poll with sleeps
 
-mod tiny;
+use crate::tiny;
 
 use std::path::PathBuf;
 use std::time::Instant;

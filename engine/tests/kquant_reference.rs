@@ -4,8 +4,8 @@
 //! bytes against llama.cpp's and measured llama.cpp on them) — against llama.cpp: perplexity on
 //! the reference text within 3% and next-token argmax agreement of at least 90%, on each file.
 
-mod common;
-mod llama_ref;
+use crate::common;
+use crate::llama_ref;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

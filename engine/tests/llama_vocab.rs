@@ -4,7 +4,7 @@
 //! `add_special = false, parse_special = false`). Also `decode(encode(text)) == text` and the
 //! streaming decoder never emitting a split UTF-8 character.
 
-mod llama_ref;
+use crate::llama_ref;
 
 use std::path::PathBuf;
 

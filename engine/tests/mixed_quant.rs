@@ -3,7 +3,7 @@
 //! F32 tensors) loads, its logits agree with a numpy forward pass over gguf-py's dequantization of
 //! the same tensors, and it generates the same tokens by prefill and by decode.
 
-mod tiny;
+use crate::tiny;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;

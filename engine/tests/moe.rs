@@ -2,7 +2,7 @@
 //! dense layer; Qwen3-MoE-style with head norms): expert parallelism over 1, 2 and 4 ranks gives
 //! the same logits, and one rank matches an independent numpy forward pass.
 
-mod tiny;
+use crate::tiny;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

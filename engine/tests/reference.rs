@@ -1,6 +1,6 @@
 //! The engine against llama.cpp's reference outputs on the default model.
 
-mod common;
+use crate::common;
 
 use cleave_engine::kv::memory::KvDtype;
 use cleave_engine::model::score::score;

@@ -3,7 +3,7 @@
 //! what the decoder or a stop string held back), the seeded RNG's next draws — and usage that
 //! counts every token once.
 
-mod common;
+use crate::common;
 
 use cleave_engine::constrain::Constraint;
 use cleave_engine::engine::{Engine, EngineConfig, FinishReason, GenerateRequest, SeqEvent, Usage};

@@ -1,8 +1,8 @@
 //! The weight loader and forward pass split across ranks (heads, FFN columns, vocabulary) give
 //! the same logits as one rank, with the collectives of an in-process group.
 
-mod common;
-mod tiny;
+use crate::common;
+use crate::tiny;
 
 use std::sync::Arc;
 

@@ -1,7 +1,7 @@
 //! A tiny random Llama checkpoint (HF safetensors, BF16) split across 2 and 4 ranks gives the
 //! logits and greedy tokens of one rank.
 
-mod tiny;
+use crate::tiny;
 
 use cleave_engine::kernels::Threads;
 use cleave_engine::model::Model;

@@ -2,7 +2,7 @@
 //! tokens (a measurement, ignored by default; it prints a table):
 //!
 //! ```sh
-//! cargo test -p cleave-engine --test tp_deviation -- --ignored --nocapture
+//! cargo test -p cleave-engine --test integration tp_deviation -- --ignored --nocapture
 //! ```
 //!
 //! Teacher-forced over each prompt: next-token argmax agreement of TP=3 with TP=1, and the
@@ -16,7 +16,7 @@
 //! The ranks are threads over `LocalGroup`, whose all-reduce adds in the same rank order as
 //! the network groups (`cleave-collective`), so the numbers are those of a group of processes.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

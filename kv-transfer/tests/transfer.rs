@@ -325,7 +325,8 @@ async fn child_process(choice: BackendChoice) -> Result<()> {
     let mut child = std::process::Command::new(std::env::current_exe()?)
         .args([
             "--exact",
-            "child_owner_entry",
+            // The test's path in the crate's one integration binary.
+            "transfer::child_owner_entry",
             "--nocapture",
             "--test-threads=1",
         ])

@@ -3,7 +3,7 @@
 //! and printer columns, replicas reconciled back, spec changes rolling objects, invalid specs
 //! (422 and status), garbage collection, leader election, and `helm install` of the chart.
 
-mod common;
+use crate::common;
 
 use common::{eventually, install_crd};
 

@@ -1,5 +1,5 @@
 //! `crds/` must hold exactly what the Rust types generate. Regenerate with
-//! `CLEAVE_UPDATE_CRDS=1 cargo test -p cleave-operator --test crd_drift` (or
+//! `CLEAVE_UPDATE_CRDS=1 cargo test -p cleave-operator --test integration crd_drift` (or
 //! `cleave-operator crd > crds/inferenceservices.serving.cleave.dev.yaml`).
 
 #![allow(clippy::disallowed_methods)] // tests and benchmarks may read the environment and poll with sleeps
@@ -22,7 +22,7 @@ fn committed_crd_matches_the_types() {
         .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     assert!(
         committed == generated,
-        "{} is out of date with operator/src/crd; regenerate it with CLEAVE_UPDATE_CRDS=1 cargo test -p cleave-operator --test crd_drift",
+        "{} is out of date with operator/src/crd; regenerate it with CLEAVE_UPDATE_CRDS=1 cargo test -p cleave-operator --test integration crd_drift",
         path.display()
     );
 }

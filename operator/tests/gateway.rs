@@ -3,7 +3,7 @@
 //! renders the pool and the endpoint picker, and removes the pool and the picker's Deployment
 //! when the spec turns the gateway off.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Offline checks: the examples parse and validate, and the chart and everything the operator
 //! renders pass `helm lint --strict` and Kubernetes 1.30 schemas (`kubernetes-validate --strict`).
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

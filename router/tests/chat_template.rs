@@ -4,7 +4,7 @@
 //! renders chat requests with the template it names; a flag that names nothing stops the start
 //! with an error naming it.
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 

@@ -3,7 +3,7 @@
 //! so that kept-alive connections move to another router, answers `/ready` with 503, and
 //! stops once the period is over.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 

@@ -8,7 +8,7 @@
 //! Buckets refill at `limit / 60` per second, so within a test (seconds) a limit of a few
 //! requests per minute cannot refill; the assertions never depend on elapsed time.
 
-mod support;
+use crate::support;
 
 use std::path::{Path, PathBuf};
 

@@ -2,7 +2,7 @@
 //! correct the router's recent prefill work (what the index expected it to compute) to what it
 //! computed (docs/routing.md, "Measured prefill work").
 
-mod support;
+use crate::support;
 
 use cleave_router::dispatch::BLOCK_SIZE;
 use support::{chat, worker_with_all_cached, Router};

@@ -1,7 +1,7 @@
 //! The router owns its background tasks: stopping it ends the decode worker's watch and the
 //! file-reload task, and its task ends only after they have (nothing is left detached).
 
-mod support;
+use crate::support;
 
 use support::{scratch, worker, Router};
 

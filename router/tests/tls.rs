@@ -4,7 +4,7 @@
 //! plain HTTP refused, mutual TLS, and a renewed certificate reaching new connections while a
 //! stream on an old connection finishes.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::path::Path;

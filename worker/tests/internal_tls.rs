@@ -4,7 +4,7 @@
 //! refused; a decode worker never falls back to plain gRPC towards a prefill worker that does
 //! not speak TLS (it prefills locally and counts the fallback).
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 

@@ -1,7 +1,7 @@
 //! Disaggregated prefill and decode through real gRPC and the real KV transport (UCX when this
 //! build has it, and TCP), against the single-process engine's output.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

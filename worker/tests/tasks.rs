@@ -2,7 +2,7 @@
 //! the worker's tracker while its stream runs and leaves it when the client goes away, and a
 //! stopping worker's task ends only once every tracked task has.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -17,6 +17,10 @@ use cleave_engine::model::reference::greedy_split;
 use cleave_proto::v1 as pb;
 use cleave_proto::v1::decode_worker_client::DecodeWorkerClient;
 
+/// Taken by the tests that start several model processes (the worker groups of `group` and
+/// `group_pd`): one such test at a time on small machines, across the files of this binary.
+pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A process killed (SIGKILL) when dropped.
 pub struct Proc {
     pub child: Child,

@@ -5,7 +5,7 @@
 //! some later, unrelated allocation, or, under UCX's crash handler, hangs it; this turns it into
 //! a test failure at the call that did it.
 //!
-//! A test binary opts in with
+//! A test binary opts in (tests/integration.rs does) with
 //! `#[global_allocator] static ALLOC: common::quarantine::Quarantine = common::quarantine::Quarantine;`
 //! and [`writes_after_free`] is checked after every multi-rank run (zero when not installed).
 

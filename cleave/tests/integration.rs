@@ -1,0 +1,13 @@
+//! The integration tests of this crate, compiled as one binary (`cargo test --test
+//! integration`, a module path filters: `-- bench_compare::`): one link, and the
+//! server stack's generic code compiled once instead of once per file.
+//! `cleave/tests/layout.rs` checks that every file under tests/ is declared here.
+
+mod bench_compare;
+mod bench_serve;
+mod cli;
+mod fuzz;
+mod group;
+mod group_pd;
+mod layout;
+mod support;

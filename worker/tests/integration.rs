@@ -1,0 +1,9 @@
+//! The integration tests of this crate, compiled as one binary (`cargo test --test
+//! integration`, a module path filters: `-- internal_tls::`): one link, and the
+//! server stack's generic code compiled once instead of once per file.
+//! `cleave/tests/layout.rs` checks that every file under tests/ is declared here.
+
+mod common;
+mod internal_tls;
+mod pd;
+mod tasks;
