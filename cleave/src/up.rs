@@ -42,9 +42,14 @@ pub struct UpArgs {
     /// `gemma`), a Jinja file, or the template text; default: the model's own.
     #[arg(long)]
     pub chat_template: Option<String>,
-    /// KV blocks per worker.
-    #[arg(long, default_value_t = 512)]
-    pub kv_blocks: usize,
+    /// KV blocks per worker (16 tokens each); overrides `--kv-memory`.
+    #[arg(long)]
+    pub kv_blocks: Option<usize>,
+    /// Each worker's KV pool when `--kv-blocks` is not given: `auto` (one sequence of the
+    /// model's whole context, up to 32,768 tokens; the default model: 512 blocks) or a size
+    /// (`4GiB`, `512MiB`).
+    #[arg(long, default_value = "auto")]
+    pub kv_memory: cleave_config::kv_pool::KvMemory,
     /// Compute threads per worker.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
@@ -251,8 +256,8 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
             role,
             "--model",
             &model,
-            "--kv-blocks",
-            &args.kv_blocks.to_string(),
+            "--kv-memory",
+            &args.kv_memory.to_string(),
             "--threads",
             &args.threads.to_string(),
             "--transport",
@@ -261,6 +266,9 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        if let Some(n) = args.kv_blocks {
+            a.extend(["--kv-blocks".to_string(), n.to_string()]);
+        }
         // The workers refuse --ep for a dense model.
         if let Some(ep) = args.ep {
             a.extend(["--ep".to_string(), ep.to_string()]);

@@ -18,6 +18,7 @@ pub mod epp;
 mod error;
 pub mod group;
 pub mod internal_tls;
+pub mod kv_pool;
 pub mod router;
 pub mod worker;
 

@@ -33,9 +33,14 @@ pub struct WorkerConfig {
     /// HTTP listen address for /health, /ready and /metrics.
     #[arg(long, env = "CLEAVE_HTTP_ADDR", default_value = "127.0.0.1:0")]
     pub http_addr: SocketAddr,
-    /// KV blocks in this worker's pool.
-    #[arg(long, env = "CLEAVE_KV_BLOCKS", default_value_t = 512)]
-    pub kv_blocks: usize,
+    /// KV blocks in this worker's pool (16 tokens each); overrides `--kv-memory`.
+    #[arg(long, env = "CLEAVE_KV_BLOCKS")]
+    pub kv_blocks: Option<usize>,
+    /// The KV pool's size when `--kv-blocks` is not given: `auto` (one sequence of the model's
+    /// whole context, up to 32,768 tokens) or the bytes of the whole model's KV (`4GiB`,
+    /// `512MiB`, `8G`; a group's ranks each hold their heads' share).
+    #[arg(long, env = "CLEAVE_KV_MEMORY", default_value = "auto")]
+    pub kv_memory: crate::kv_pool::KvMemory,
     /// KV element type.
     #[arg(long, env = "CLEAVE_KV_DTYPE", value_enum, default_value = "f32")]
     pub kv_dtype: KvDtype,
@@ -135,7 +140,8 @@ mod defaults_tests {
         assert_eq!(c.model, PathBuf::from("m.gguf"));
         assert!(c.grpc_addr.ip().is_loopback() && c.grpc_addr.port() == 0);
         assert!(c.http_addr.ip().is_loopback() && c.http_addr.port() == 0);
-        assert_eq!(c.kv_blocks, 512);
+        assert_eq!(c.kv_blocks, None);
+        assert_eq!(c.kv_memory, crate::kv_pool::KvMemory::Auto);
         assert_eq!(c.prefill_timeout, Duration::from_secs(30));
         assert!(c.local_fallback);
         assert!(c.etcd.is_none());

@@ -164,7 +164,7 @@ async fn router_discovers_and_drops_an_etcd_registered_worker() {
     let worker = cleave_worker::run(
         cleave_decode_worker::SERVICE,
         WorkerConfig {
-            kv_blocks: 64,
+            kv_blocks: Some(64),
             step_tokens: 32,
             prefill_tokens_while_decoding: 0,
             prefill_timeout: Duration::from_secs(20),

@@ -12,6 +12,9 @@ pub enum WorkerError {
     /// The flags (group membership) are inconsistent.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// `--kv-blocks`/`--kv-memory` give no usable pool for this model.
+    #[error(transparent)]
+    KvPool(#[from] cleave_config::kv_pool::KvPoolError),
     /// `run` was asked to serve as a follower rank.
     #[error("rank {0} of the group is a follower (no servers): run it with follower::run")]
     FollowerRank(usize),

@@ -40,15 +40,16 @@ pub async fn run(
     })
     .await??;
     let layout = model.kv_layout(cleave_engine::kv::DEFAULT_BLOCK_SIZE, config.kv_dtype);
+    let kv_blocks = crate::config::kv_pool_blocks(&config, &model, &layout)?;
     // The KV pool comes from the transport, so a prefill peer can write this rank's heads
     // straight into it (and a prefill follower can write from it).
     let transport = default_transport(&crate::kv_addr::transport_config(&config)?)
         .map_err(WorkerError::Transport)?;
     let region = transport
-        .allocate_region(config.kv_blocks * layout.block_bytes())
+        .allocate_region(kv_blocks * layout.block_bytes())
         .map_err(WorkerError::Region)?;
     let local = region.handle();
-    let mut cache = KvCache::new(layout, config.kv_blocks, Box::new(region))?;
+    let mut cache = KvCache::new(layout, kv_blocks, Box::new(region))?;
     let mine = RankRegion {
         address: transport.local_address(),
         region: local.descriptor(),

@@ -131,11 +131,12 @@ pub async fn run(
     };
     let transport = default_transport(&transport_config).map_err(WorkerError::Transport)?;
     let layout = model.kv_layout(cleave_engine::kv::DEFAULT_BLOCK_SIZE, config.kv_dtype);
+    let kv_blocks = crate::config::kv_pool_blocks(&config, &model, &layout)?;
     let region = transport
-        .allocate_region(config.kv_blocks * layout.block_bytes())
+        .allocate_region(kv_blocks * layout.block_bytes())
         .map_err(WorkerError::Region)?;
     let handle = region.handle();
-    let cache = KvCache::new(layout, config.kv_blocks, Box::new(region))?;
+    let cache = KvCache::new(layout, kv_blocks, Box::new(region))?;
     // Every rank's transport address and KV region, for rank-to-rank P/D (crate::rank_kv).
     let ranks = match &group {
         Some(g) => {
@@ -153,7 +154,7 @@ pub async fn run(
         None => Vec::new(),
     };
     let engine_config = EngineConfig {
-        num_blocks: config.kv_blocks,
+        num_blocks: kv_blocks,
         kv_dtype: config.kv_dtype,
         max_model_len: None,
         scheduler: SchedulerConfig {
@@ -197,7 +198,7 @@ pub async fn run(
         ready: AtomicBool::new(false),
         failed: AtomicBool::new(false),
     });
-    tracing::info!(?role, backend = ?state.transport.backend(), kv_blocks = config.kv_blocks, "worker starting");
+    tracing::info!(?role, backend = ?state.transport.backend(), kv_blocks, "worker starting");
 
     let bind = |what, addr| move |source| WorkerError::Bind { what, addr, source };
     let grpc = TcpListener::bind(config.grpc_addr)

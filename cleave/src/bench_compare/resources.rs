@@ -85,8 +85,9 @@ pub fn declared(flags: &[String]) -> anyhow::Result<Resources> {
     Ok(Resources {
         processes: workers * group + 1,
         compute_threads: workers * group * up.threads,
-        kv_blocks: workers * up.kv_blocks,
-        decode_kv_blocks: up.decode * up.kv_blocks,
+        // 0 when the workers size their pools from the model (`--kv-memory`).
+        kv_blocks: workers * up.kv_blocks.unwrap_or(0),
+        decode_kv_blocks: up.decode * up.kv_blocks.unwrap_or(0),
         cores,
         pinned,
         layout: layout(&up, group),
@@ -108,10 +109,13 @@ fn layout(up: &UpArgs, group: usize) -> String {
         parts.push(role(up.prefill, "prefill"));
     }
     parts.push(role(up.decode, "decode"));
+    let pool = match up.kv_blocks {
+        Some(n) => format!("{n} KV blocks per worker"),
+        None => format!("KV pool per worker from --kv-memory {}", up.kv_memory),
+    };
     format!(
-        "{}; {} KV blocks per worker; {}",
+        "{}; {pool}; {}",
         parts.join(" + "),
-        up.kv_blocks,
         if up.prefill == 0 {
             "aggregated"
         } else {
@@ -254,7 +258,7 @@ pub fn measured(
     if r.compute_threads != declared.compute_threads {
         differs.push(format!("{} compute threads", declared.compute_threads));
     }
-    if r.kv_blocks != declared.kv_blocks {
+    if declared.kv_blocks > 0 && r.kv_blocks != declared.kv_blocks {
         differs.push(format!("{} KV blocks", declared.kv_blocks));
     }
     r.source = if measured.is_empty() {
@@ -352,7 +356,7 @@ mod tests {
 
     #[test]
     fn declared_resources_follow_cleave_up_defaults_and_flags() {
-        // `cleave up`'s defaults: 1 prefill, 1 decode, 1 thread, 512 blocks.
+        // `cleave up`'s defaults: 1 prefill, 1 decode, 1 thread, pools the workers size.
         let d = declared(&[]).unwrap();
         assert_eq!(
             (
@@ -361,10 +365,11 @@ mod tests {
                 d.kv_blocks,
                 d.decode_kv_blocks
             ),
-            (3, 2, 1024, 512)
+            (3, 2, 0, 0)
         );
         assert!(d.layout.contains("disaggregated"), "{}", d.layout);
-        let agg = declared(&flags("--prefill 0 --decode 2")).unwrap();
+        assert!(d.layout.contains("--kv-memory auto"), "{}", d.layout);
+        let agg = declared(&flags("--prefill 0 --decode 2 --kv-blocks 512")).unwrap();
         assert_eq!(
             (
                 agg.processes,
@@ -373,6 +378,11 @@ mod tests {
                 agg.decode_kv_blocks
             ),
             (3, 2, 1024, 1024)
+        );
+        assert!(
+            agg.layout.contains("512 KV blocks per worker"),
+            "{}",
+            agg.layout
         );
         assert!(agg.same_compute(&d));
         let one = declared(&flags("--prefill 0 --decode 1")).unwrap();
@@ -403,7 +413,7 @@ mod tests {
 
     #[test]
     fn measured_resources_come_from_the_processes_and_metrics() {
-        let d = declared(&flags("--prefill 1 --decode 1")).unwrap();
+        let d = declared(&flags("--prefill 1 --decode 1 --kv-blocks 512")).unwrap();
         let procs = [
             Proc {
                 worker: true,

@@ -421,9 +421,12 @@ async fn call_prefill(ch: Channel, bytes: Vec<u8>, decodes: bool) -> Result<Stri
     }
 }
 
+/// Each worker's KV pool.
+const KV_BLOCKS: usize = 96;
+
 fn config(model: PathBuf) -> WorkerConfig {
     WorkerConfig {
-        kv_blocks: 96,
+        kv_blocks: Some(KV_BLOCKS),
         runtime_threads: 1,
         step_tokens: 64,
         prefill_tokens_while_decoding: 0,
@@ -482,7 +485,7 @@ async fn campaign(model: PathBuf, cases: Cases) -> anyhow::Result<Tally> {
         prefill_url: format!("http://{}", prefill_worker.grpc_addr),
         kv_address: kv::address_to_wire(&decode.state.transport.local_address()),
         region: kv::region_to_wire(&decode.state.region.descriptor()),
-        region_blocks: decode.state.config.kv_blocks as u32,
+        region_blocks: KV_BLOCKS as u32,
         block_bytes: decode.state.layout.block_bytes() as u64,
     };
     let to_decode = Channel::from_shared(format!("http://{}", decode.grpc_addr))?

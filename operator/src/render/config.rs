@@ -100,7 +100,7 @@ mod tests {
         .unwrap();
         assert_eq!(env["CLEAVE_MODEL"], "/models/m.gguf");
         assert_eq!(env["CLEAVE_KV_BLOCKS"], "64");
-        assert_eq!(cfg.kv_blocks, 64);
+        assert_eq!(cfg.kv_blocks, Some(64));
         assert_eq!(cfg.grpc_addr.port(), 50051);
     }
 

@@ -18,7 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 pub fn config(transport: BackendChoice) -> WorkerConfig {
     WorkerConfig {
-        kv_blocks: 128,
+        kv_blocks: Some(128),
         step_tokens: 32,
         prefill_tokens_while_decoding: 0,
         transport,
