@@ -1,6 +1,6 @@
 //! The integration tests of this crate, compiled as one binary (`cargo test --test
 //! integration`, a module path filters: `-- deterministic::`): one link, and the
-//! server stack's generic code compiled once instead of once per file.
+//! shared helpers and the dependencies' generic code compiled once instead of once per file.
 //! `cleave/tests/layout.rs` checks that every file under tests/ is declared here.
 
 mod common;
