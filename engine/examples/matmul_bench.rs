@@ -1,5 +1,9 @@
 //! Matmul throughput bench (no criterion): `cargo run --release -p cleave-engine --example
-//! matmul_bench [threads]`.
+//! matmul_bench [threads] [scale]`.
+//!
+//! With `scale`, only the K-quant matrices of the Llama-3.2-1B shape (hidden 2048, FFN 8192) at
+//! prefill-sized batches: Q4_K 8192×2048 (gate/up), Q4_K and Q6_K 2048×8192 (down), GFLOP/s at
+//! 1, 16, 64 and 256 tokens.
 //!
 //! For Q4_1 576×1536 and 1536×576, Q8_0, Q4_K, Q5_K and Q6_K 576×1536, and a Q8_0 49152×576
 //! (LM head) random matrix, prints GFLOP/s (2·rows·cols·tokens / time) at 1, 4, 16 and 64
@@ -81,10 +85,14 @@ fn time_per_call(mats: &[QMatrix], x: &Activations, out: &mut [f32], th: &Thread
 }
 
 fn bench(label: &str, mats: &[QMatrix], th: &Threads, rng: &mut TestRng) {
+    bench_at(label, mats, th, rng, &[1, 4, 16, 64]);
+}
+
+fn bench_at(label: &str, mats: &[QMatrix], th: &Threads, rng: &mut TestRng, batches: &[usize]) {
     let (rows, cols) = (mats[0].rows(), mats[0].cols());
     let mut per_token = Vec::new();
     print!("{label:<34}");
-    for n in [1, 4, 16, 64] {
+    for &n in batches {
         let xs: Vec<f32> = (0..n * cols).map(|_| f(rng)).collect();
         let mut x = Activations::new();
         x.set(&xs, n, cols);
@@ -94,7 +102,24 @@ fn bench(label: &str, mats: &[QMatrix], th: &Threads, rng: &mut TestRng) {
         print!("  n={n:<2} {gflops:6.1} GF/s");
         per_token.push(t / n as f64);
     }
-    println!("  | t1/t16 per token: {:.2}x", per_token[0] / per_token[2]);
+    println!(
+        "  | t1/t{} per token: {:.2}x",
+        batches[2],
+        per_token[0] / per_token[2]
+    );
+}
+
+/// The 1B shape's K-quant matrices at prefill-sized batches.
+fn scale_shapes(th: &Threads, rng: &mut TestRng) {
+    for (ty, rows, cols) in [
+        (WeightType::Q4_K, 8192, 2048),
+        (WeightType::Q4_K, 2048, 8192),
+        (WeightType::Q6_K, 2048, 8192),
+    ] {
+        let m = random_matrix(ty, rows, cols, rng);
+        let label = format!("{ty:?} {rows}x{cols}");
+        bench_at(&label, std::slice::from_ref(&m), th, rng, &[1, 16, 64, 256]);
+    }
 }
 
 /// SmolLM2-135M linear layers: (rows, cols) of q, k, v, o, gate, up, down.
@@ -146,6 +171,10 @@ fn main() {
     let th = Threads::new(threads);
     let mut rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
     println!("simd path: {}, threads: {}", simd_path(), th.count());
+    if std::env::args().nth(2).as_deref() == Some("scale") {
+        scale_shapes(&th, &mut rng);
+        return;
+    }
 
     let q41 = random_matrix(WeightType::Q4_1, 576, 1536, &mut rng);
     let copies = (192 << 20) / (576 * 1536 / QK * 20);

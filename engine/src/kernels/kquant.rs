@@ -27,23 +27,28 @@
 //! tensor types of a mixed file. A super-block covers activation blocks `b0..b0 + 8`
 //! (`b0 = 8·s`), i.e. exactly one chunk of eight f32 lanes `acc[0..8]`:
 //!
-//! - Q4_K / Q5_K: first the minimum terms, lane `k` for sub-block `k`:
-//!   `acc[k] = fma(−(dmin·m_k), s_{b0+k}, acc[k])`; then for each sub-block `j` in order and
-//!   each lane `k`: `L = sc_j · Σ_{i=4k}^{4k+3} q_{32j+i}·x_{32j+i}` (exact `i32`) and
-//!   `acc[k] = fma(L as f32, d·dx_{b0+j}, acc[k])`.
-//! - Q6_K: for each 32-element block `j` in order and each lane `k`:
-//!   `L = sc_{2j + k/4} · Σ_{i=4k}^{4k+3} (q_{32j+i} − 32)·x_{32j+i}` and
-//!   `acc[k] = fma(L as f32, d·dx_{b0+j}, acc[k])`.
+//! - Q4_K / Q5_K: each 32-element sub-block `j` is a Q4_1 / Q5_1 block whose scale is
+//!   `dw_j = d·sc_j` and whose offset weight is `mw_j = −(dmin·m_j)` (both exact in f32), and it
+//!   gets the float operations of one (`scalar::dot_q4`): in lane `j`,
+//!   `acc[j] = fma(mw_j, s_{b0+j}, acc[j])`, then with the whole sub-block's integer dot
+//!   `L = Σ_{i<32} q_{32j+i}·x_{32j+i}`, `acc[j] = fma(L as f32, dw_j·dx_{b0+j}, acc[j])`. So
+//!   the tiles of the 32-element formats (and the VNNI rows-in-lanes kernel) run them.
+//! - Q6_K: for each 32-element block `j`, in lane `j`: with the whole block's integer dot
+//!   `L = Σ_{i<32} sc_{2j + i/16}·(q_{32j+i} − 32)·x_{32j+i}` (the 16-element sub-blocks'
+//!   scales applied in integers), `acc[j] = fma(L as f32, d·dx_{b0+j}, acc[j])`: one float FMA
+//!   per block, as the 32-element formats.
 //!
 //! - Q2_K: for each 32-element block `j` and lane `k` (sub-block `i = 2j + k/4`):
 //!   `L = sc_i · Σ q·x`, `M = m_i · Σ x` over the lane's four elements, then
 //!   `acc[k] = fma(L as f32, d·dx_{b0+j}, acc[k])` and `acc[k] = fma(M as f32, −dmin·dx_{b0+j},
 //!   acc[k])`.
-//! - Q3_K: as Q6_K with Q3_K's signed scales and `q` in −4..=3.
+//! - Q3_K: for each 32-element block `j` and lane `k`:
+//!   `L = sc_{2j + k/4} · Σ_{i=4k}^{4k+3} q_{32j+i}·x_{32j+i}` (Q3_K's signed scales, `q` in
+//!   −4..=3) and `acc[k] = fma(L as f32, d·dx_{b0+j}, acc[k])`.
 //!
 //! The result is `hsum(acc)` as for the other formats. Every `L` is below 2^24 in magnitude,
-//! so `L as f32` is exact, and the sub-block scales are applied in integers (for free in the
-//! AVX2 `madd` step), leaving one float FMA per 32 elements as in Q4_0.
+//! so `L as f32` is exact. For Q2_K, Q3_K and Q6_K the sub-block scales are applied in integers
+//! (for free in the AVX2 `madd` step), leaving one float FMA per 32 elements as in Q4_0.
 
 use half::f16;
 
@@ -66,6 +71,14 @@ pub(super) fn scales_k4(s: &[u8]) -> ([u8; 8], [u8; 8]) {
         m[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
     }
     (sc, m)
+}
+
+/// The scale `d·sc` and offset weight `−(dmin·m)` of one 32-element sub-block of a Q4_K / Q5_K
+/// super-block: products of an f16 and a 6-bit integer, so both are exact in f32 (the
+/// sub-block is a Q4_1 / Q5_1 block with these as its `d` and `m`).
+#[inline(always)]
+pub(super) fn k45_block_scales(d: f32, dmin: f32, sc: u8, m: u8) -> (f32, f32) {
+    (d * sc as f32, -(dmin * m as f32))
 }
 
 /// Byte offset of the quants `qs` in a Q4_K / Q5_K super-block, and of Q5_K's `qh`.
@@ -185,17 +198,13 @@ pub(super) fn dot(ty: WeightType, row: &[u8], xq: &[i8], xd: &[f32], xs: &[f32])
             WeightType::Q4_K | WeightType::Q5_K => {
                 let (d, dmin) = (f16_le(blk, 0), f16_le(blk, 2));
                 let (sc, m) = scales_k4(&blk[4..16]);
-                for (k, a) in acc.iter_mut().enumerate() {
-                    *a = (-(dmin * m[k] as f32)).mul_add(xs[b0 + k], *a);
-                }
-                for j in 0..8 {
-                    let scale = d * xd[b0 + j];
-                    for (k, a) in acc.iter_mut().enumerate() {
-                        let l: i32 = (32 * j + 4 * k..32 * j + 4 * k + 4)
-                            .map(|e| quant_k45(ty, blk, e) as i32 * x[e] as i32)
-                            .sum();
-                        *a = ((sc[j] as i32 * l) as f32).mul_add(scale, *a);
-                    }
+                for (j, a) in acc.iter_mut().enumerate() {
+                    let (dw, mw) = k45_block_scales(d, dmin, sc[j], m[j]);
+                    *a = mw.mul_add(xs[b0 + j], *a);
+                    let l: i32 = (32 * j..32 * j + 32)
+                        .map(|e| quant_k45(ty, blk, e) as i32 * x[e] as i32)
+                        .sum();
+                    *a = (l as f32).mul_add(dw * xd[b0 + j], *a);
                 }
             }
             WeightType::Q2_K => {
@@ -230,15 +239,14 @@ pub(super) fn dot(ty: WeightType, row: &[u8], xq: &[i8], xd: &[f32], xs: &[f32])
             }
             WeightType::Q6_K => {
                 let d = f16_le(blk, K6_D);
-                for j in 0..8 {
-                    let scale = d * xd[b0 + j];
-                    for (k, a) in acc.iter_mut().enumerate() {
-                        let sc = blk[K6_SC + 2 * j + k / 4] as i8 as i32;
-                        let l: i32 = (32 * j + 4 * k..32 * j + 4 * k + 4)
-                            .map(|e| quant_k6(blk, e) as i32 * x[e] as i32)
-                            .sum();
-                        *a = ((sc * l) as f32).mul_add(scale, *a);
-                    }
+                for (j, a) in acc.iter_mut().enumerate() {
+                    let l: i32 = (32 * j..32 * j + 32)
+                        .map(|e| {
+                            let sc = blk[K6_SC + e / 16] as i8 as i32;
+                            sc * quant_k6(blk, e) as i32 * x[e] as i32
+                        })
+                        .sum();
+                    *a = (l as f32).mul_add(d * xd[b0 + j], *a);
                 }
             }
             other => unreachable!("{other:?} is not a K-quant"),

@@ -22,7 +22,7 @@ use super::super::kquant::{
 };
 use super::super::{OutPtr, QMatrix, WeightType, QK_K};
 use super::width::{Width, Ymm};
-use super::{finish, Prefetch, Tokens};
+use super::{block_sums, dot_avx2, finish, Prefetch, Tokens};
 
 /// Rows `r0..r0 + R` × the tokens of `tok` of a K-quant matrix.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -37,9 +37,9 @@ pub(super) fn tile<const R: usize, const T: usize>(
     match m.ty {
         WeightType::Q2_K => tile_k23::<R, T, false>(m, r0, tok, out),
         WeightType::Q3_K => tile_k23::<R, T, true>(m, r0, tok, out),
-        WeightType::Q4_K => tile_k::<_, R, T, T, 4>(ymm, m, r0, tok, out),
-        WeightType::Q5_K => tile_k::<_, R, T, T, 5>(ymm, m, r0, tok, out),
-        WeightType::Q6_K => tile_k::<_, R, T, T, 6>(ymm, m, r0, tok, out),
+        WeightType::Q4_K => tile_k45::<R, T, false>(m, r0, tok, out),
+        WeightType::Q5_K => tile_k45::<R, T, true>(m, r0, tok, out),
+        WeightType::Q6_K => tile_k6::<_, R, T, T>(ymm, m, r0, tok, out),
         other => unreachable!("{other:?} is not a K-quant"),
     }
 }
@@ -123,14 +123,17 @@ fn neg_mins(dmin: f32, mins: &[u8; 8]) -> __m256 {
     _mm256_mul_ps(_mm256_set1_ps(-dmin), mv)
 }
 
-/// A Q4_K / Q5_K super-block's `d`, its eight sub-block scales and `−dmin · m_k` (the offset
-/// term's weights, lane `k` for sub-block `k`).
+/// A Q4_K / Q5_K super-block's eight sub-block scales `d·sc_j` and offset weights
+/// `−(dmin·m_j)`, lane `j` for sub-block `j` (as `kquant::k45_block_scales`: exact products).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-pub(super) fn k45_head(blk: &[u8]) -> (f32, [u8; 8], __m256) {
+pub(super) fn k45_scales(blk: &[u8]) -> (__m256, __m256) {
     let (d, dmin) = (f16_le(blk, 0), f16_le(blk, 2));
     let (scs, mins) = scales_k4(&blk[4..16]);
-    (d, scs, neg_mins(dmin, &mins))
+    // SAFETY: `scs` is 8 readable bytes; unaligned 64-bit load.
+    let sv = unsafe { _mm_loadl_epi64(scs.as_ptr().cast()) };
+    let sv = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sv));
+    (_mm256_mul_ps(_mm256_set1_ps(d), sv), neg_mins(dmin, &mins))
 }
 
 /// The quants (0..=15, or 0..=31 for Q5_K) of sub-blocks `2g` and `2g + 1` (`g < 4`) of the
@@ -198,14 +201,66 @@ pub(super) fn k6_scales(blk: &[u8], j: usize) -> (i8, i8) {
     (blk[K6_SC + 2 * j] as i8, blk[K6_SC + 2 * j + 1] as i8)
 }
 
-/// Q4_K (`K = 4`), Q5_K (`K = 5`) or Q6_K (`K = 6`) tile of rows `r0..r0 + R` × the `T`
-/// tokens of `x` (`N` registers per row) at width `W`. Q4_K/Q5_K take two sub-blocks per
-/// 32-byte load (low and high nibbles), with the minimum terms added per super-block first;
-/// Q6_K's signed `q − 32` is `maddubs(q, x) − maddubs(32, x)`, the second term computed once
-/// per register and block for all rows.
+/// Q4_K (`Q5 = false`) or Q5_K tile of rows `r0..r0 + R` × the tokens of `tok`: the
+/// nibble tile of the 32-element formats with each sub-block as a Q4_1 / Q5_1 block (see
+/// `kquant::dot`): per super-block the offset terms, then per (row, token) the eight
+/// sub-blocks' integer dots reduced to whole-block sums in registers before one convert and
+/// FMA.
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn tile_k45<const R: usize, const T: usize, const Q5: bool>(
+    m: &QMatrix,
+    r0: usize,
+    tok: &Tokens<'_, T>,
+    out: OutPtr,
+) {
+    let rows = SuperRows::<R>::new(m, r0);
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    for s in 0..m.cols / QK_K {
+        let b0 = 8 * s;
+        // Per (row, token): `dw_j · dx` of the eight sub-blocks.
+        let mut sc = [[[0f32; 8]; T]; R];
+        for r in 0..R {
+            let (dw, mw) = k45_scales(rows.block(r, s));
+            for t in 0..T {
+                acc[r][t] = _mm256_fmadd_ps(mw, tok.s8(t, b0), acc[r][t]);
+                let v = _mm256_mul_ps(dw, tok.xd8(t, b0));
+                // SAFETY: room for 8 f32s; unaligned store.
+                unsafe { _mm256_storeu_ps(sc[r][t].as_mut_ptr(), v) };
+            }
+        }
+        for j in 0..8 {
+            rows.pf.block(b0 + j);
+        }
+        for r in 0..R {
+            let blk = rows.block(r, s);
+            let mut w = [_mm256_setzero_si256(); 8];
+            for g in 0..4 {
+                (w[2 * g], w[2 * g + 1]) = k45_quants::<Q5>(blk, g);
+            }
+            for t in 0..T {
+                let mut l = [_mm256_setzero_si256(); 8];
+                for j in 0..8 {
+                    l[j] = dot_avx2(w[j], tok.xq32(t, b0 + j));
+                }
+                let l = _mm256_cvtepi32_ps(block_sums(&l));
+                // SAFETY: `sc[r][t]` is 8 readable f32s; unaligned load.
+                let v = unsafe { _mm256_loadu_ps(sc[r][t].as_ptr()) };
+                acc[r][t] = _mm256_fmadd_ps(l, v, acc[r][t]);
+            }
+        }
+    }
+    finish(&acc, m.rows, r0, tok.t0, out);
+}
+
+/// Q6_K tile of rows `r0..r0 + R` × the `T` tokens of `x` (`N` registers per row) at width
+/// `W`: per row the eight blocks' quants and scales of a super-block are unpacked once, then
+/// per register the blocks' integer dots (the signed `q − 32` as `maddubs(q, x) − maddubs(32,
+/// x)`, the 16-element scales in the `madd` step) are reduced to whole-block sums before one
+/// convert and FMA.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-pub(super) fn tile_k<W: Width, const R: usize, const T: usize, const N: usize, const K: u8>(
+pub(super) fn tile_k6<W: Width, const R: usize, const T: usize, const N: usize>(
     w: W,
     m: &QMatrix,
     r0: usize,
@@ -217,66 +272,31 @@ pub(super) fn tile_k<W: Width, const R: usize, const T: usize, const N: usize, c
     let mut dd = [[W::NO_SCALES; N]; R];
     for s in 0..m.cols / QK_K {
         let b0 = 8 * s;
-        let mut sc = [[0u8; 8]; R];
         for r in 0..R {
-            let blk = rows.block(r, s);
-            let d = if K == 6 {
-                // SAFETY: a `Width` value proves AVX2, FMA and F16C (the trait's contract).
-                unsafe { f16_le(blk, K6_D) }
-            } else {
-                let (d, scs, mneg) = w.head45(blk);
-                sc[r] = scs;
-                for n in 0..N {
-                    acc[r][n] = w.fma(mneg, w.xs(x, n, b0), acc[r][n]);
-                }
-                d
-            };
+            // SAFETY: a `Width` value proves AVX2, FMA and F16C (the trait's contract).
+            let d = unsafe { f16_le(rows.block(r, s), K6_D) };
             w.scales(d, x, b0, &mut dd[r]);
         }
-        // Keep the scales in memory so that they are broadcast by loads.
-        std::hint::black_box(&mut dd);
-        if K == 6 {
-            for j in 0..8 {
-                rows.pf.block(b0 + j);
-                let mut q = [w.set16(0); R];
-                let mut scv = [w.set16(0); R];
-                for r in 0..R {
-                    let blk = rows.block(r, s);
-                    q[r] = w.quants6(blk, j);
-                    let (sa, sb) = k6_scales(blk, j);
-                    scv[r] = w.half_scales(sa.into(), sb.into());
-                }
-                for n in 0..N {
-                    let xv = w.xq(x, n, b0 + j);
-                    let x32 = w.times32(xv);
-                    for r in 0..R {
-                        let l = w.dot_minus32(q[r], xv, x32, scv[r]);
-                        acc[r][n] = w.fma(l, w.scale(&dd[r][n], j), acc[r][n]);
-                    }
-                }
-            }
-            continue;
+        for j in 0..8 {
+            rows.pf.block(b0 + j);
         }
-        for g in 0..4 {
-            let (j0, j1) = (2 * g, 2 * g + 1);
-            rows.pf.block(b0 + j0);
-            rows.pf.block(b0 + j1);
-            let mut q = [(w.set16(0), w.set16(0)); R];
-            let mut s0 = [w.set16(0); R];
-            let mut s1 = [w.set16(0); R];
-            for r in 0..R {
-                q[r] = w.quants45(rows.block(r, s), g, K == 5);
-                s0[r] = w.set16(sc[r][j0].into());
-                s1[r] = w.set16(sc[r][j1].into());
+        for r in 0..R {
+            let blk = rows.block(r, s);
+            let mut q = [w.set16(0); 8];
+            let mut scv = [w.set16(0); 8];
+            for j in 0..8 {
+                q[j] = w.quants6(blk, j);
+                let (sa, sb) = k6_scales(blk, j);
+                scv[j] = w.half_scales(sa.into(), sb.into());
             }
             for n in 0..N {
-                let (x0, x1) = (w.xq(x, n, b0 + j0), w.xq(x, n, b0 + j1));
-                for r in 0..R {
-                    let l0 = w.dot(q[r].0, x0, s0[r]);
-                    acc[r][n] = w.fma(l0, w.scale(&dd[r][n], j0), acc[r][n]);
-                    let l1 = w.dot(q[r].1, x1, s1[r]);
-                    acc[r][n] = w.fma(l1, w.scale(&dd[r][n], j1), acc[r][n]);
+                let mut l = [w.set16(0); 8];
+                for j in 0..8 {
+                    let xv = w.xq(x, n, b0 + j);
+                    l[j] = w.dot_minus32(q[j], xv, w.times32(xv), scv[j]);
                 }
+                let l = w.cvt(w.block_sums(&l));
+                acc[r][n] = w.fma(l, w.load_scales(&dd[r][n]), acc[r][n]);
             }
         }
     }

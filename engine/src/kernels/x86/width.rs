@@ -1,4 +1,4 @@
-//! The register width of a K-quant tile. The Q4_K/Q5_K and Q6_K loops (`kquant.rs`) are written
+//! The register width of a K-quant tile. The Q6_K loop (`kquant.rs`) is written
 //! once over [`Width`] and compile to the 256-bit tiles, one token per register ([`Ymm`]), and
 //! to the 512-bit tiles, a token pair per register (`zmm::kquant::Zmm`). What differs between
 //! the two is only how a register is filled: a 256-bit weight register is used as it is or with
@@ -8,8 +8,8 @@
 use std::arch::x86_64::*;
 
 use super::super::OutPtr;
-use super::kquant::{block_scales, k45_head, k45_quants, k6_quants, pair_scales};
-use super::{finish, Tokens};
+use super::kquant::{block_scales, k6_quants, pair_scales};
+use super::{block_sums, finish, Tokens};
 
 /// The vector operations of a K-quant tile at one register width.
 ///
@@ -37,23 +37,23 @@ pub(super) unsafe trait Width: Copy {
     fn fma(self, a: Self::F, b: Self::F, c: Self::F) -> Self::F;
     /// A block's 32 quants (one token's order) as a weight register.
     fn widen(self, q: __m256i) -> Self::I;
-    /// Eight per-block f32s (lane `k` for block `k`) as a register matching [`Width::xs`].
-    fn widen_ps(self, v: __m256) -> Self::F;
     /// `v` in every i16 lane.
     fn set16(self, v: i16) -> Self::I;
     /// The i16 scale vector of a block of two 16-element halves: `a` for the first, `b` for
     /// the second.
     fn half_scales(self, a: i16, b: i16) -> Self::I;
-    /// `Σ w·x` over each four bytes, pairs scaled by `sc` (i16), as f32: `madd(maddubs)`.
-    fn dot(self, w: Self::I, x: Self::I, sc: Self::I) -> Self::F;
-    /// [`Width::dot`] of `w − 32`, given `x32 = maddubs(32, x)` (both i16 sums are exact).
-    fn dot_minus32(self, w: Self::I, x: Self::I, x32: Self::I, sc: Self::I) -> Self::F;
+    /// `Σ (w − 32)·x` over each four bytes, pairs scaled by `sc` (i16), given
+    /// `x32 = maddubs(32, x)` (both i16 sums are exact).
+    fn dot_minus32(self, w: Self::I, x: Self::I, x32: Self::I, sc: Self::I) -> Self::I;
+    /// Lane `j` (both lanes of pair `j` at 512 bits) of the result: the sum of the lanes of
+    /// `l[j]`, block `j`'s whole dot (exact).
+    fn block_sums(self, l: &[Self::I; 8]) -> Self::I;
+    /// The i32 lanes as f32.
+    fn cvt(self, v: Self::I) -> Self::F;
     /// `maddubs(32, x)`.
     fn times32(self, x: Self::I) -> Self::I;
     /// The quantized activations of register `n`, block `b`.
     fn xq<const N: usize>(self, x: &Self::View<'_, N>, n: usize, b: usize) -> Self::I;
-    /// `dx · Σq` of register `n`, blocks `b0..b0 + 8`.
-    fn xs<const N: usize>(self, x: &Self::View<'_, N>, n: usize, b0: usize) -> Self::F;
     /// Stores `d · dx` of blocks `b0..b0 + 8` for every register of the row.
     fn scales<const N: usize>(
         self,
@@ -62,8 +62,8 @@ pub(super) unsafe trait Width: Copy {
         b0: usize,
         out: &mut [Self::Scales; N],
     );
-    /// Block `j`'s scale of `sc` in every lane it applies to.
-    fn scale(self, sc: &Self::Scales, j: usize) -> Self::F;
+    /// The scales of the eight blocks, in the lanes [`Width::block_sums`] leaves their dots.
+    fn load_scales(self, sc: &Self::Scales) -> Self::F;
     /// Reduces the accumulators of rows `r0..r0 + R` × the `T` tokens of `x` and writes them.
     fn finish<const R: usize, const T: usize, const N: usize>(
         self,
@@ -74,32 +74,10 @@ pub(super) unsafe trait Width: Copy {
         out: OutPtr,
     );
 
-    /// A Q4_K / Q5_K super-block's `d`, its eight sub-block scales and `−dmin · m_k`.
-    #[inline(always)]
-    fn head45(self, blk: &[u8]) -> (f32, [u8; 8], Self::F) {
-        // SAFETY: a `Width` value proves AVX2, FMA and F16C (the trait's contract).
-        let (d, sc, mneg) = unsafe { k45_head(blk) };
-        (d, sc, self.widen_ps(mneg))
-    }
-
-    /// Sub-blocks `2g` and `2g + 1` of a Q4_K (`q5` false) or Q5_K super-block.
-    #[inline(always)]
-    fn quants45(self, blk: &[u8], g: usize, q5: bool) -> (Self::I, Self::I) {
-        // SAFETY: as in `head45`.
-        let (lo, hi) = unsafe {
-            if q5 {
-                k45_quants::<true>(blk, g)
-            } else {
-                k45_quants::<false>(blk, g)
-            }
-        };
-        (self.widen(lo), self.widen(hi))
-    }
-
     /// Block `j`'s quants `q` (the weight is `q − 32`) of a Q6_K super-block.
     #[inline(always)]
     fn quants6(self, blk: &[u8], j: usize) -> Self::I {
-        // SAFETY: as in `head45`.
+        // SAFETY: a `Width` value proves AVX2, FMA and F16C (the trait's contract).
         self.widen(unsafe { k6_quants(blk, j) })
     }
 }
@@ -139,10 +117,6 @@ unsafe impl Width for Ymm {
         q
     }
     #[inline(always)]
-    fn widen_ps(self, v: __m256) -> __m256 {
-        v
-    }
-    #[inline(always)]
     fn set16(self, v: i16) -> __m256i {
         unsafe { _mm256_set1_epi16(v) }
     }
@@ -151,15 +125,19 @@ unsafe impl Width for Ymm {
         unsafe { pair_scales(a, b) }
     }
     #[inline(always)]
-    fn dot(self, w: __m256i, x: __m256i, sc: __m256i) -> __m256 {
-        unsafe { _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, x), sc)) }
-    }
-    #[inline(always)]
-    fn dot_minus32(self, w: __m256i, x: __m256i, x32: __m256i, sc: __m256i) -> __m256 {
+    fn dot_minus32(self, w: __m256i, x: __m256i, x32: __m256i, sc: __m256i) -> __m256i {
         unsafe {
             let p = _mm256_sub_epi16(_mm256_maddubs_epi16(w, x), x32);
-            _mm256_cvtepi32_ps(_mm256_madd_epi16(p, sc))
+            _mm256_madd_epi16(p, sc)
         }
+    }
+    #[inline(always)]
+    fn block_sums(self, l: &[__m256i; 8]) -> __m256i {
+        unsafe { block_sums(l) }
+    }
+    #[inline(always)]
+    fn cvt(self, v: __m256i) -> __m256 {
+        unsafe { _mm256_cvtepi32_ps(v) }
     }
     #[inline(always)]
     fn times32(self, x: __m256i) -> __m256i {
@@ -170,16 +148,12 @@ unsafe impl Width for Ymm {
         unsafe { x.xq32(n, b) }
     }
     #[inline(always)]
-    fn xs<const N: usize>(self, x: &Tokens<'_, N>, n: usize, b0: usize) -> __m256 {
-        unsafe { x.s8(n, b0) }
-    }
-    #[inline(always)]
     fn scales<const N: usize>(self, d: f32, x: &Tokens<'_, N>, b0: usize, out: &mut [[f32; 8]; N]) {
         unsafe { block_scales::<N>(d, x, b0, out) }
     }
     #[inline(always)]
-    fn scale(self, sc: &[f32; 8], j: usize) -> __m256 {
-        unsafe { _mm256_broadcast_ss(&sc[j]) }
+    fn load_scales(self, sc: &[f32; 8]) -> __m256 {
+        unsafe { _mm256_loadu_ps(sc.as_ptr()) }
     }
     #[inline(always)]
     fn finish<const R: usize, const T: usize, const N: usize>(

@@ -5,17 +5,16 @@
 //! operations of the 256-bit kernels (and of `scalar.rs`), in the same order, so results stay
 //! bit-identical; only the instruction count changes. Activations of a token pair come
 //! interleaved per 4-byte group from [`Activations`] (built once per batch, not per tile),
-//! weights have each 4-byte group duplicated (`vpermd`), and the per-(row, token-pair, block)
-//! scale `(dw·dx_t, dw·dx_{t+1})` is one 64-bit broadcast load. Halving the instructions per
+//! weights have each 4-byte group duplicated (`vpermd`). Halving the instructions per
 //! (row, token, block) roughly doubles the throughput of the 4×4 256-bit tile on Zen 4, whose
 //! front end / vector pipes are the limit.
 //!
-//! Per block, a K-quant tile spends three vector ops per (row, pair) — `vpdpbusd`,
-//! `vcvtdq2ps`, FMA — and three per row to prepare the weights; the activations are plain
-//! loads. So tiles wide in tokens (2 rows × 16 tokens for batches of 16) spend the fewest ops
-//! per product. The 32-element block formats go through `lanes.rs` on whole groups of 16 rows;
-//! their tile here (leftover rows) keeps each block's `vpdpbusd` lanes and reduces eight blocks
-//! at once to whole-block sums (`reduce::block_sums`) before one convert and FMA.
+//! Every tile here keeps each block's integer lanes (a `vpdpbusd`, or Q6_K's `maddubs`/`madd`
+//! steps) and reduces eight blocks at once to whole-block sums (`reduce::block_sums`) before
+//! one convert and FMA per (row, pair) and eight blocks; the activations are plain loads. So
+//! tiles wide in tokens (2 rows × 16 tokens for batches of 16) spend the fewest ops per
+//! product. The 32-element block formats (and Q4_K in prefill) go through `lanes.rs` on whole
+//! groups of 16 rows; their tile here takes the leftover rows.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -99,16 +98,6 @@ fn finish_tile<const R: usize, const T: usize, const TP: usize>(
     } else {
         finish_pairs::<R, T, TP>(acc, rows, r0, t0, out);
     }
-}
-
-/// The 64-bit pair `(s_t, s_{t+1})` of block `j` broadcast to all eight pairs.
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn pair_scale(sc: &[f32; 16], j: usize) -> __m512 {
-    let p = &sc[2 * j..2 * j + 2];
-    // SAFETY: `p` is 2 readable f32s (8 bytes); unaligned 64-bit load.
-    let v = unsafe { _mm_loadl_epi64(p.as_ptr().cast()) };
-    _mm512_castsi512_ps(_mm512_broadcastq_epi64(v))
 }
 
 /// Validated views of the interleaved token pairs `t0 / 2 .. t0 / 2 + TP` (see

@@ -1,6 +1,7 @@
-//! 512-bit token-pair tiles for Q4_K, Q5_K and Q6_K (batched decode, prefill on VNNI): the
-//! loops of `x86/kquant.rs` at the [`Zmm`] width, with the float operations of `kquant::dot`
-//! lane for lane like the other pair tiles.
+//! 512-bit token-pair tiles for Q4_K, Q5_K and Q6_K (batched decode, prefill on VNNI), with
+//! the float operations of `kquant::dot` lane for lane like the other pair tiles: Q4_K / Q5_K
+//! as the nibble tile of the 32-element formats over their sub-blocks, Q6_K as the loop of
+//! `x86/kquant.rs` at the [`Zmm`] width.
 //!
 //! A weight register is the 256-bit one with each 32-bit lane duplicated for the pair; the
 //! integer step is AVX512-BW's `madd(maddubs(q, x), sc)` over the interleaved pair (the
@@ -9,10 +10,11 @@
 
 use std::arch::x86_64::*;
 
+use super::super::super::QK_K;
 use super::super::super::{OutPtr, QMatrix, WeightType};
-use super::super::kquant::tile_k;
+use super::super::kquant::{k45_quants, k45_scales, tile_k6, SuperRows};
 use super::super::width::Width;
-use super::{chunk_scales, dup_epi32, dup_ps, finish_tile, pair_scale, PairView};
+use super::{chunk_scales, dup_epi32, dup_ps, finish_tile, reduce, PairView};
 
 /// Rows `r0..r0 + R` × the `T = 2·TP` tokens of `x` of a Q4_K / Q5_K / Q6_K matrix.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
@@ -25,11 +27,69 @@ pub(super) fn tile<const R: usize, const T: usize, const TP: usize>(
     assert_eq!(T, 2 * TP);
     let zmm = Zmm(());
     match m.ty {
-        WeightType::Q4_K => tile_k::<_, R, T, TP, 4>(zmm, m, r0, x, out),
-        WeightType::Q5_K => tile_k::<_, R, T, TP, 5>(zmm, m, r0, x, out),
-        WeightType::Q6_K => tile_k::<_, R, T, TP, 6>(zmm, m, r0, x, out),
+        WeightType::Q4_K => tile_k45::<R, T, TP, false>(m, r0, x, out),
+        WeightType::Q5_K => tile_k45::<R, T, TP, true>(m, r0, x, out),
+        WeightType::Q6_K => tile_k6::<_, R, T, TP>(zmm, m, r0, x, out),
         other => unreachable!("{other:?} has no token-pair tile"),
     }
+}
+
+/// Q4_K (`Q5 = false`) or Q5_K tile of rows `r0..r0 + R` × the `T = 2·TP` tokens of `x`: the
+/// nibble tile of the 32-element formats (`zmm::tile_q`) with each sub-block as a Q4_1 / Q5_1
+/// block (see `kquant::dot`).
+#[allow(clippy::needless_range_loop)]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
+fn tile_k45<const R: usize, const T: usize, const TP: usize, const Q5: bool>(
+    m: &QMatrix,
+    r0: usize,
+    x: &PairView<'_, TP>,
+    out: OutPtr,
+) {
+    assert_eq!(T, 2 * TP);
+    let rows = SuperRows::<R>::new(m, r0);
+    let mut acc = [[_mm512_setzero_ps(); TP]; R];
+    let mut sc = [[[0f32; 16]; TP]; R];
+    let zero = _mm512_setzero_si512();
+    for s in 0..m.cols / QK_K {
+        let b0 = 8 * s;
+        for r in 0..R {
+            let (dw, mw) = k45_scales(rows.block(r, s));
+            let mw = dup_ps(mw);
+            for p in 0..TP {
+                acc[r][p] = _mm512_fmadd_ps(mw, x.s16(p, b0), acc[r][p]);
+            }
+            chunk_scales::<TP>(dup_ps(dw), x, b0, &mut sc[r]);
+        }
+        // Per (row, pair), the per-lane partial dots of each sub-block.
+        let mut l = [[[zero; 8]; TP]; R];
+        for g in 0..4 {
+            let (j0, j1) = (2 * g, 2 * g + 1);
+            rows.pf.block(b0 + j0);
+            rows.pf.block(b0 + j1);
+            let mut w = [(zero, zero); R];
+            for r in 0..R {
+                let (lo, hi) = k45_quants::<Q5>(rows.block(r, s), g);
+                w[r] = (dup_epi32(lo), dup_epi32(hi));
+            }
+            for p in 0..TP {
+                let (x0, x1) = (x.xq(p, b0 + j0), x.xq(p, b0 + j1));
+                for r in 0..R {
+                    l[r][p][j0] = _mm512_dpbusd_epi32(zero, w[r].0, x0);
+                    l[r][p][j1] = _mm512_dpbusd_epi32(zero, w[r].1, x1);
+                }
+            }
+        }
+        // Lanes 2j, 2j + 1: sub-block j's whole dots.
+        for r in 0..R {
+            for p in 0..TP {
+                let l = _mm512_cvtepi32_ps(reduce::block_sums(&l[r][p]));
+                // SAFETY: `sc[r][p]` is 16 readable f32s; unaligned load.
+                let v = unsafe { _mm512_loadu_ps(sc[r][p].as_ptr()) };
+                acc[r][p] = _mm512_fmadd_ps(l, v, acc[r][p]);
+            }
+        }
+    }
+    finish_tile::<R, T, TP>(&acc, m.rows, r0, x.t0, out);
 }
 
 /// 512-bit registers, a token pair each (lanes interleaved as in [`PairView`]). Made only by
@@ -60,10 +120,6 @@ unsafe impl Width for Zmm {
         unsafe { dup_epi32(q) }
     }
     #[inline(always)]
-    fn widen_ps(self, v: __m256) -> __m512 {
-        unsafe { dup_ps(v) }
-    }
-    #[inline(always)]
     fn set16(self, v: i16) -> __m512i {
         unsafe { _mm512_set1_epi16(v) }
     }
@@ -72,15 +128,19 @@ unsafe impl Width for Zmm {
         unsafe { _mm512_inserti64x4::<1>(_mm512_set1_epi16(a), _mm256_set1_epi16(b)) }
     }
     #[inline(always)]
-    fn dot(self, w: __m512i, x: __m512i, sc: __m512i) -> __m512 {
-        unsafe { _mm512_cvtepi32_ps(_mm512_madd_epi16(_mm512_maddubs_epi16(w, x), sc)) }
-    }
-    #[inline(always)]
-    fn dot_minus32(self, w: __m512i, x: __m512i, x32: __m512i, sc: __m512i) -> __m512 {
+    fn dot_minus32(self, w: __m512i, x: __m512i, x32: __m512i, sc: __m512i) -> __m512i {
         unsafe {
             let p = _mm512_sub_epi16(_mm512_maddubs_epi16(w, x), x32);
-            _mm512_cvtepi32_ps(_mm512_madd_epi16(p, sc))
+            _mm512_madd_epi16(p, sc)
         }
+    }
+    #[inline(always)]
+    fn block_sums(self, l: &[__m512i; 8]) -> __m512i {
+        unsafe { reduce::block_sums(l) }
+    }
+    #[inline(always)]
+    fn cvt(self, v: __m512i) -> __m512 {
+        unsafe { _mm512_cvtepi32_ps(v) }
     }
     #[inline(always)]
     fn times32(self, x: __m512i) -> __m512i {
@@ -89,10 +149,6 @@ unsafe impl Width for Zmm {
     #[inline(always)]
     fn xq<const N: usize>(self, x: &PairView<'_, N>, n: usize, b: usize) -> __m512i {
         unsafe { x.xq(n, b) }
-    }
-    #[inline(always)]
-    fn xs<const N: usize>(self, x: &PairView<'_, N>, n: usize, b0: usize) -> __m512 {
-        unsafe { x.s16(n, b0) }
     }
     #[inline(always)]
     fn scales<const N: usize>(
@@ -105,8 +161,8 @@ unsafe impl Width for Zmm {
         unsafe { chunk_scales::<N>(_mm512_set1_ps(d), x, b0, out) }
     }
     #[inline(always)]
-    fn scale(self, sc: &[f32; 16], j: usize) -> __m512 {
-        unsafe { pair_scale(sc, j) }
+    fn load_scales(self, sc: &[f32; 16]) -> __m512 {
+        unsafe { _mm512_loadu_ps(sc.as_ptr()) }
     }
     #[inline(always)]
     fn finish<const R: usize, const T: usize, const N: usize>(

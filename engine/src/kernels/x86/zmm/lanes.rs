@@ -26,8 +26,10 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::super::super::kquant::{k45_block_scales, scales_k4, K4_QS, K6_D, K6_SC};
 use super::super::super::scalar::IQ4NL_VALUES;
-use super::super::super::{Activations, OutPtr, QMatrix, WeightType, QK};
+use super::super::super::{Activations, OutPtr, QMatrix, WeightType, QK, QK_K};
+use super::super::kquant::f16_le;
 
 mod small;
 
@@ -37,11 +39,17 @@ const G: usize = 16;
 /// Tokens computed together (their accumulators and the block's weights stay in registers).
 const T: usize = 8;
 
-/// Whether [`rows`] computes a matrix of type `ty`, at any batch size (on a Sapphire Rapids core
-/// it was faster than the tiles, under the same float semantics, from one token on).
-pub(in crate::kernels) fn fits(ty: WeightType) -> bool {
-    // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL.
-    ty.is_quantized() && !ty.is_k()
+/// Whether [`rows`] computes a matrix of type `ty` for a batch of `n_tokens`: the 32-element
+/// formats at any batch size (on a Sapphire Rapids core it was faster than the tiles, under the
+/// same float semantics, from one token on); Q4_K (its sub-blocks are Q4_1 blocks) and Q6_K
+/// for batches past [`small::MAX`] (their scales are decoded per group and super-block, which
+/// a few tokens do not repay).
+pub(in crate::kernels) fn fits(ty: WeightType, n_tokens: usize) -> bool {
+    match ty {
+        WeightType::Q4_K | WeightType::Q6_K => n_tokens > small::MAX,
+        // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL.
+        _ => ty.is_quantized() && !ty.is_k(),
+    }
 }
 
 /// One group of 16 rows, repacked: per block `b`, `w[8b + j]` lane `r` = elements `4j..4j + 3`
@@ -51,6 +59,18 @@ struct Group {
     w: Vec<__m512i>,
     dw: Vec<__m512>,
     mw: Vec<__m512>,
+    /// Q6_K: per block, the scales of its two 16-element halves (i32 lane `r` for row `r`).
+    sc: Vec<__m512i>,
+}
+
+/// The scales of one block of 16 rows, as [`walk!`] hands them over: `dw` and `mw` lane `r` =
+/// row `r`'s scale and offset weight (Q6_K: `d`, no offset), and for Q6_K the two halves'
+/// integer scales.
+#[derive(Clone, Copy)]
+struct Blk {
+    dw: __m512,
+    mw: __m512,
+    sc: [__m512i; 2],
 }
 
 /// The next group's rows, prefetched a few lines at a time during this group's repacking and
@@ -253,6 +273,7 @@ impl Group {
             w: vec![_mm512_setzero_si512(); 8 * nb],
             dw: vec![_mm512_setzero_ps(); nb],
             mw: vec![_mm512_setzero_ps(); nb],
+            sc: vec![_mm512_setzero_si512(); 2 * nb],
         }
     }
 
@@ -260,9 +281,13 @@ impl Group {
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
     fn fill(&mut self, m: &QMatrix, r0: usize, fetch: &mut Fetch<'_>) {
         // The first half of the next group's lines while repacking.
+        let k6 = m.ty == WeightType::Q6_K;
         walk!(m, r0, fetch, 2, |b, w, s| {
             self.w[8 * b..8 * b + 8].copy_from_slice(w);
-            (self.dw[b], self.mw[b]) = s;
+            (self.dw[b], self.mw[b]) = (s.dw, s.mw);
+            if k6 {
+                self.sc[2 * b..2 * b + 2].copy_from_slice(&s.sc);
+            }
         });
     }
 }
@@ -321,6 +346,57 @@ impl<'a> Scales<'a> {
     }
 }
 
+/// Bytes of a Q4_K super-block.
+const K4_BYTES: usize = 144;
+
+/// `(dw_j, mw_j)` of the eight sub-blocks of super-block `sb` of 16 Q4_K rows, lane `r` for
+/// row `r` (as `kquant::k45_block_scales`).
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+#[inline]
+fn k4_scales(rows: &[&[u8]; G], sb: usize) -> [(__m512, __m512); 8] {
+    let (mut dw, mut mw) = ([[0f32; G]; 8], [[0f32; G]; 8]);
+    for (r, row) in rows.iter().enumerate() {
+        let blk = &row[sb * K4_BYTES..(sb + 1) * K4_BYTES];
+        let (d, dmin) = (f16_le(blk, 0), f16_le(blk, 2));
+        let (sc, mn) = scales_k4(&blk[4..16]);
+        for j in 0..8 {
+            (dw[j][r], mw[j][r]) = k45_block_scales(d, dmin, sc[j], mn[j]);
+        }
+    }
+    // SAFETY: each array is 16 readable f32s; unaligned loads.
+    std::array::from_fn(|j| unsafe {
+        (
+            _mm512_loadu_ps(dw[j].as_ptr()),
+            _mm512_loadu_ps(mw[j].as_ptr()),
+        )
+    })
+}
+
+/// Bytes of a Q6_K super-block.
+const K6_BYTES: usize = 210;
+
+/// `d` and the sixteen 16-element scales of super-block `sb` of 16 Q6_K rows, lane `r` for
+/// row `r`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+#[inline]
+fn k6_scales16(rows: &[&[u8]; G], sb: usize) -> (__m512, [__m512i; 16]) {
+    let (mut d, mut sc) = ([0f32; G], [[0i32; G]; 16]);
+    for (r, row) in rows.iter().enumerate() {
+        let blk = &row[sb * K6_BYTES..(sb + 1) * K6_BYTES];
+        d[r] = f16_le(blk, K6_D);
+        for (i, sc) in sc.iter_mut().enumerate() {
+            sc[r] = (blk[K6_SC + i] as i8).into();
+        }
+    }
+    // SAFETY: each array is 16 readable values; unaligned loads.
+    unsafe {
+        (
+            _mm512_loadu_ps(d.as_ptr()),
+            std::array::from_fn(|i| _mm512_loadu_si512(sc[i].as_ptr().cast())),
+        )
+    }
+}
+
 /// Walks the quants of rows `$r0..$r0 + 16` of `$m` in storage order and runs `$body` with
 /// `$b` = each block, `$w` = its eight vectors (fifth bits included; Q8_0 and IQ4_NL plus 128)
 /// and `$s` = its scale and offset weight per row, fetching the first `1 / $part` of the next
@@ -329,6 +405,84 @@ impl<'a> Scales<'a> {
 macro_rules! walk {
     ($m:expr, $r0:expr, $fetch:expr, $part:expr, |$b:ident, $w:ident, $s:ident| $body:block) => {{
         let m: &QMatrix = $m;
+        if m.ty == WeightType::Q4_K {
+            // Per super-block: the sub-blocks' scales of the 16 rows, then its 128 bytes of
+            // quants as two 64-byte pieces per row, each holding four sub-blocks (the low and
+            // high nibbles of two 32-byte groups).
+            let rows: [&[u8]; G] = std::array::from_fn(|r| m.raw_row($r0 + r));
+            let low = _mm512_set1_epi8(15);
+            $fetch.plan($part, m.nb);
+            for sb in 0..m.cols / QK_K {
+                let scales = k4_scales(&rows, sb);
+                let qs: [*const u8; G] = std::array::from_fn(|r| {
+                    rows[r][sb * K4_BYTES + K4_QS..][..K4_BYTES - K4_QS].as_ptr()
+                });
+                for h in 0..2 {
+                    let p = quads4(&qs, 64 * h);
+                    for (g, hi) in [(0, 0), (0, 4), (1, 0), (1, 4)] {
+                        let (a, c) = (p[2 * g], p[2 * g + 1]);
+                        let nib = |v: __m512i| {
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(v), low)
+                        };
+                        let lo = |v: __m512i| _mm512_and_si512(v, low);
+                        let w: [__m512i; 8] = if hi == 0 {
+                            [lo(a[0]), lo(a[1]), lo(a[2]), lo(a[3]), lo(c[0]), lo(c[1]), lo(c[2]), lo(c[3])]
+                        } else {
+                            [nib(a[0]), nib(a[1]), nib(a[2]), nib(a[3]), nib(c[0]), nib(c[1]), nib(c[2]), nib(c[3])]
+                        };
+                        let j = 4 * h + 2 * g + usize::from(hi != 0);
+                        let $b = 8 * sb + j;
+                        let $w = &w;
+                        let $s = Blk {
+                            dw: scales[j].0,
+                            mw: scales[j].1,
+                            sc: [_mm512_setzero_si512(); 2],
+                        };
+                        $fetch.step();
+                        $body
+                    }
+                }
+            }
+        } else if m.ty == WeightType::Q6_K {
+            // Per super-block: `d` and the sixteen 16-element scales of the 16 rows, then the
+            // 128 bytes of low quant bits as two 64-byte pieces and the 64 bytes of high bits
+            // as one; block `j` (half `n = j / 4`, group `g = j % 4`) takes 32 low-bit bytes
+            // (nibbles: low for `g < 2`) and bits `2g, 2g + 1` of 32 high-bit bytes.
+            let rows: [&[u8]; G] = std::array::from_fn(|r| m.raw_row($r0 + r));
+            let (low, two) = (_mm512_set1_epi8(15), _mm512_set1_epi8(3));
+            $fetch.plan($part, m.nb);
+            for sb in 0..m.cols / QK_K {
+                let (d, scs) = k6_scales16(&rows, sb);
+                let qs: [*const u8; G] =
+                    std::array::from_fn(|r| rows[r][sb * K6_BYTES..][..K6_BYTES].as_ptr());
+                let ql = [quads4(&qs, 0), quads4(&qs, 64)];
+                let qh = quads4(&qs, 128);
+                for j in 0..8 {
+                    let (n, g) = (j / 4, j % 4);
+                    let shift = _mm_cvtsi32_si128(2 * g as i32);
+                    let mut w = [_mm512_setzero_si512(); 8];
+                    for (jj, w) in w.iter_mut().enumerate() {
+                        let l = ql[n][2 * (g % 2) + jj / 4][jj % 4];
+                        let l = if g < 2 {
+                            _mm512_and_si512(l, low)
+                        } else {
+                            _mm512_and_si512(_mm512_srli_epi16::<4>(l), low)
+                        };
+                        let h = _mm512_and_si512(_mm512_srl_epi16(qh[2 * n + jj / 4][jj % 4], shift), two);
+                        *w = _mm512_or_si512(l, _mm512_slli_epi16::<4>(h));
+                    }
+                    let $b = 8 * sb + j;
+                    let $w = &w;
+                    let $s = Blk {
+                        dw: d,
+                        mw: _mm512_setzero_ps(),
+                        sc: [scs[2 * j], scs[2 * j + 1]],
+                    };
+                    $fetch.step();
+                    $body
+                }
+            }
+        } else {
         let qs = quant_ptrs(m, $r0);
         let unit = Unit::new(m.ty);
         let q8 = m.ty == WeightType::Q8_0;
@@ -340,7 +494,12 @@ macro_rules! walk {
             if b % 2 == 0 {
                 pair = sc.pair(b);
             }
-            pair[b % 2]
+            let (dw, mw) = pair[b % 2];
+            Blk {
+                dw,
+                mw,
+                sc: [_mm512_setzero_si512(); 2],
+            }
         };
         // 64 bytes of every row at a time (four blocks, or two of Q8_0) where the rows have
         // them, then a block at a time.
@@ -381,6 +540,7 @@ macro_rules! walk {
             $fetch.step();
             $body
             off += m.ty.qs_bytes();
+        }
         }
     }};
 }
@@ -461,6 +621,18 @@ impl Unit {
 #[target_feature(enable = "avx2,avx512f,avx512vnni")]
 #[inline]
 unsafe fn block_dot(w: &[__m512i], xq: *const i8, b: usize) -> __m512i {
+    // SAFETY: as this function's.
+    let (p, q) = unsafe { half_dots(w, xq, b) };
+    _mm512_add_epi32(p, q)
+}
+
+/// As [`block_dot`], the dots of the block's two 16-element halves apart.
+///
+/// # Safety
+/// As [`block_dot`].
+#[target_feature(enable = "avx2,avx512f,avx512vnni")]
+#[inline]
+unsafe fn half_dots(w: &[__m512i], xq: *const i8, b: usize) -> (__m512i, __m512i) {
     // SAFETY: the caller guarantees `32 · b + 32 <= 32 · nb` readable bytes; unaligned reads.
     let x = |j: usize| unsafe {
         _mm512_set1_epi32(xq.add(QK * b + 4 * j).cast::<i32>().read_unaligned())
@@ -473,10 +645,10 @@ unsafe fn block_dot(w: &[__m512i], xq: *const i8, b: usize) -> __m512i {
         p = _mm512_dpbusd_epi32(p, w[j], x(j));
         q = _mm512_dpbusd_epi32(q, w[4 + j], x(4 + j));
     }
-    _mm512_add_epi32(p, q)
+    (p, q)
 }
 
-/// One repacked group and what its tokens need: the batch, Q8_0 / IQ4_NL's corrections, the
+/// One repacked group and what its tokens need: the batch, Q8_0 / IQ4_NL / Q6_K's corrections, the
 /// group's first row and the output.
 struct Pass<'a> {
     g: &'a Group,
@@ -487,9 +659,16 @@ struct Pass<'a> {
     out: OutPtr,
 }
 
+/// How a block's integer dot becomes its float step (the `MODE` of [`tokens`]): an offset
+/// term (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K), weights stored plus 128 (Q8_0, IQ4_NL), or Q6_K's two
+/// halves, each `q − 32` and scaled in integers.
+const OFFSET: u8 = 0;
+const SIGNED: u8 = 1;
+const K6: u8 = 2;
+
 /// Tokens `t0..t0 + N` of one repacked group: out rows `r0..r0 + 16`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni")]
-fn tokens<const N: usize, const SIGNED: bool>(p: &Pass<'_>, fetch: &mut Fetch<'_>, t0: usize) {
+fn tokens<const N: usize, const MODE: u8>(p: &Pass<'_>, fetch: &mut Fetch<'_>, t0: usize) {
     let Pass {
         g,
         m,
@@ -507,8 +686,10 @@ fn tokens<const N: usize, const SIGNED: bool>(p: &Pass<'_>, fetch: &mut Fetch<'_
         xq[t] = q.as_ptr();
         xd[t] = &x.d_row(t0 + t)[..nb];
         xs[t] = &x.s_row(t0 + t)[..nb];
-        if SIGNED {
-            xc[t] = &corr[(t0 + t) * nb..(t0 + t + 1) * nb];
+        match MODE {
+            SIGNED => xc[t] = &corr[(t0 + t) * nb..(t0 + t + 1) * nb],
+            K6 => xc[t] = &corr[(t0 + t) * 2 * nb..(t0 + t + 1) * 2 * nb],
+            _ => {}
         }
     }
     let mut lanes = [[_mm512_setzero_ps(); 8]; N];
@@ -521,14 +702,26 @@ fn tokens<const N: usize, const SIGNED: bool>(p: &Pass<'_>, fetch: &mut Fetch<'_
         for b in (k..nb).step_by(8) {
             let w = &g.w[8 * b..8 * b + 8];
             for t in 0..N {
-                // SAFETY: `xq[t]` holds `32 · nb` activations (checked above) and `b < nb`.
-                let mut l = unsafe { block_dot(w, xq[t], b) };
-                if SIGNED {
-                    // The weights were stored plus 128: take 128 · Σx back off.
-                    l = _mm512_sub_epi32(l, _mm512_set1_epi32(xc[t][b]));
+                let l = if MODE == K6 {
+                    // SAFETY: `xq[t]` holds `32 · nb` activations (checked above), `b < nb`.
+                    let (lo, hi) = unsafe { half_dots(w, xq[t], b) };
+                    // Each half's `Σ (q − 32)·x` times its scale.
+                    let c = |v, i: usize| _mm512_sub_epi32(v, _mm512_set1_epi32(xc[t][2 * b + i]));
+                    _mm512_add_epi32(
+                        _mm512_mullo_epi32(c(lo, 0), g.sc[2 * b]),
+                        _mm512_mullo_epi32(c(hi, 1), g.sc[2 * b + 1]),
+                    )
                 } else {
-                    acc[t] = _mm512_fmadd_ps(g.mw[b], _mm512_set1_ps(xs[t][b]), acc[t]);
-                }
+                    // SAFETY: as above.
+                    let l = unsafe { block_dot(w, xq[t], b) };
+                    if MODE == SIGNED {
+                        // The weights were stored plus 128: take 128 · Σx back off.
+                        _mm512_sub_epi32(l, _mm512_set1_epi32(xc[t][b]))
+                    } else {
+                        acc[t] = _mm512_fmadd_ps(g.mw[b], _mm512_set1_ps(xs[t][b]), acc[t]);
+                        l
+                    }
+                };
                 let sc = _mm512_mul_ps(g.dw[b], _mm512_set1_ps(xd[t][b]));
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), sc, acc[t]);
             }
@@ -556,22 +749,28 @@ fn write_sums(lanes: &[[__m512; 8]], rows: usize, r0: usize, t0: usize, out: Out
     }
 }
 
+/// `k ·` the sum of each `n` consecutive quantized activations, per token.
+fn sums(x: &Activations, n: usize, k: i32) -> Vec<i32> {
+    (0..x.n_tokens)
+        .flat_map(|t| {
+            x.q_row(t)
+                .chunks(n)
+                .map(move |c| k * c.iter().map(|&v| v as i32).sum::<i32>())
+        })
+        .collect()
+}
+
 /// Computes `rows` (whole groups of 16) for every token of `x` (see [`fits`]).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
 pub(in crate::kernels) fn rows(m: &QMatrix, x: &Activations, out: OutPtr, rows: Range<usize>) {
-    assert!(fits(m.ty) && rows.len().is_multiple_of(G));
-    // Q8_0 / IQ4_NL weights are stored plus 128: per token and block, `128 · Σx` to subtract.
+    assert!(fits(m.ty, x.n_tokens) && rows.len().is_multiple_of(G));
+    // Q8_0 / IQ4_NL weights are stored plus 128: per token and block, `128 · Σx` to subtract;
+    // Q6_K's are `q − 32`: per token and 16-element half, `32 · Σx`.
     let signed = matches!(m.ty, WeightType::Q8_0 | WeightType::IQ4_NL);
-    let corr: Vec<i32> = if signed {
-        (0..x.n_tokens)
-            .flat_map(|t| {
-                let q = x.q_row(t);
-                q.chunks(QK)
-                    .map(|b| 128 * b.iter().map(|&v| v as i32).sum::<i32>())
-            })
-            .collect()
-    } else {
-        Vec::new()
+    let (corr, mode): (Vec<i32>, u8) = match m.ty {
+        _ if signed => (sums(x, QK, 128), SIGNED),
+        WeightType::Q6_K => (sums(x, QK / 2, 32), K6),
+        _ => (Vec::new(), OFFSET),
     };
     let few = x.n_tokens <= small::MAX;
     // Only the buffered path keeps the group's repacking.
@@ -599,8 +798,11 @@ pub(in crate::kernels) fn rows(m: &QMatrix, x: &Activations, out: OutPtr, rows: 
                         ($n, true) if few => small::tokens::<$n, true>(&p, f),
                         ($n, false) if few => small::tokens::<$n, false>(&p, f),
                     )*
-                    (_, true) => batch::<true>(&p, f),
-                    (_, false) => batch::<false>(&p, f),
+                    _ => match mode {
+                        SIGNED => batch::<SIGNED>(&p, f),
+                        K6 => batch::<K6>(&p, f),
+                        _ => batch::<OFFSET>(&p, f),
+                    },
                 }
             };
         }
@@ -612,25 +814,25 @@ pub(in crate::kernels) fn rows(m: &QMatrix, x: &Activations, out: OutPtr, rows: 
 /// Every token of `x` for one repacked group, several tokens at once (enough independent
 /// `vpdpbusd` chains in flight).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni")]
-fn batch<const SIGNED: bool>(p: &Pass<'_>, fetch: &mut Fetch<'_>) {
+fn batch<const MODE: u8>(p: &Pass<'_>, fetch: &mut Fetch<'_>) {
     let x = p.x;
     let mut t = 0;
     while t < x.n_tokens {
         t += match x.n_tokens - t {
             n if n >= T => {
-                tokens::<T, SIGNED>(p, fetch, t);
+                tokens::<T, MODE>(p, fetch, t);
                 T
             }
             n if n >= 4 => {
-                tokens::<4, SIGNED>(p, fetch, t);
+                tokens::<4, MODE>(p, fetch, t);
                 4
             }
             n if n >= 2 => {
-                tokens::<2, SIGNED>(p, fetch, t);
+                tokens::<2, MODE>(p, fetch, t);
                 2
             }
             _ => {
-                tokens::<1, SIGNED>(p, fetch, t);
+                tokens::<1, MODE>(p, fetch, t);
                 1
             }
         };

@@ -10,10 +10,11 @@
 
 use std::arch::x86_64::*;
 
-use super::super::super::super::QK;
+use super::super::super::super::kquant::K4_QS;
+use super::super::super::super::{QK, QK_K};
 use super::{
-    block_dot, quads, quads4, quant_ptrs, walk, write_sums, Fetch, Pass, QMatrix, Scales, Unit,
-    WeightType,
+    block_dot, k4_scales, k6_scales16, quads, quads4, quant_ptrs, walk, write_sums, Blk, Fetch,
+    Pass, QMatrix, Scales, Unit, WeightType, G, K4_BYTES, K6_BYTES,
 };
 
 /// The most tokens this path takes (beyond, the buffered path reuses each group's repacking
@@ -58,9 +59,9 @@ pub(super) fn tokens<const N: usize, const SIGNED: bool>(p: &Pass<'_>, fetch: &m
                 // The weights were stored plus 128: take 128 · Σx back off.
                 l = _mm512_sub_epi32(l, _mm512_set1_epi32(xc[t][b]));
             } else {
-                *acc = _mm512_fmadd_ps(s.1, _mm512_set1_ps(xs[t][b]), *acc);
+                *acc = _mm512_fmadd_ps(s.mw, _mm512_set1_ps(xs[t][b]), *acc);
             }
-            let sc = _mm512_mul_ps(s.0, _mm512_set1_ps(xd[t][b]));
+            let sc = _mm512_mul_ps(s.dw, _mm512_set1_ps(xd[t][b]));
             *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), sc, *acc);
         }
     });
