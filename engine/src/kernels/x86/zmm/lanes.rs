@@ -26,10 +26,9 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::super::super::kquant::{k45_block_scales, scales_k4, K4_QS, K6_D, K6_SC};
+use super::super::super::kquant::{K4_QS, K6_D, K6_SC};
 use super::super::super::scalar::IQ4NL_VALUES;
 use super::super::super::{Activations, OutPtr, QMatrix, WeightType, QK, QK_K};
-use super::super::kquant::f16_le;
 
 mod small;
 
@@ -39,17 +38,12 @@ const G: usize = 16;
 /// Tokens computed together (their accumulators and the block's weights stay in registers).
 const T: usize = 8;
 
-/// Whether [`rows`] computes a matrix of type `ty` for a batch of `n_tokens`: the 32-element
-/// formats at any batch size (on a Sapphire Rapids core it was faster than the tiles, under the
+/// Whether [`rows`] computes a matrix of type `ty`, at any batch size: the 32-element formats (on a Sapphire Rapids core it was faster than the tiles, under the
 /// same float semantics, from one token on); Q4_K (its sub-blocks are Q4_1 blocks) and Q6_K
-/// for batches past [`small::MAX`] (their scales are decoded per group and super-block, which
-/// a few tokens do not repay).
-pub(in crate::kernels) fn fits(ty: WeightType, n_tokens: usize) -> bool {
-    match ty {
-        WeightType::Q4_K | WeightType::Q6_K => n_tokens > small::MAX,
-        // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL.
-        _ => ty.is_quantized() && !ty.is_k(),
-    }
+/// too.
+pub(in crate::kernels) fn fits(ty: WeightType) -> bool {
+    // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K and Q6_K.
+    ty.is_quantized() && !matches!(ty, WeightType::Q2_K | WeightType::Q3_K | WeightType::Q5_K)
 }
 
 /// One group of 16 rows, repacked: per block `b`, `w[8b + j]` lane `r` = elements `4j..4j + 3`
@@ -350,51 +344,80 @@ impl<'a> Scales<'a> {
 const K4_BYTES: usize = 144;
 
 /// `(dw_j, mw_j)` of the eight sub-blocks of super-block `sb` of 16 Q4_K rows, lane `r` for
-/// row `r` (as `kquant::k45_block_scales`).
-#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+/// row `r` (as `kquant::k45_block_scales`: exact products): four 32-bit gathers (`d` and
+/// `dmin`, the three words of 6-bit fields) and the fields unpacked in the lanes.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
 #[inline]
-fn k4_scales(rows: &[&[u8]; G], sb: usize) -> [(__m512, __m512); 8] {
-    let (mut dw, mut mw) = ([[0f32; G]; 8], [[0f32; G]; 8]);
-    for (r, row) in rows.iter().enumerate() {
-        let blk = &row[sb * K4_BYTES..(sb + 1) * K4_BYTES];
-        let (d, dmin) = (f16_le(blk, 0), f16_le(blk, 2));
-        let (sc, mn) = scales_k4(&blk[4..16]);
-        for j in 0..8 {
-            (dw[j][r], mw[j][r]) = k45_block_scales(d, dmin, sc[j], mn[j]);
+fn k4_scales(m: &QMatrix, r0: usize, sb: usize) -> [(__m512, __m512); 8] {
+    let at = sb * K4_BYTES;
+    let dd = gather_raw(m, r0, at);
+    let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
+    // `−dmin` by flipping the sign bit, as the scalar negation (`0 − dmin` would give +0).
+    let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dd)));
+    let neg_dmin = _mm512_castsi512_ps(_mm512_xor_si512(
+        _mm512_castps_si512(dmin),
+        _mm512_set1_epi32(i32::MIN),
+    ));
+    let w = [4, 8, 12].map(|o| gather_raw(m, r0, at + o));
+    let field = |v: __m512i, shift: u32, mask: i32| {
+        _mm512_and_si512(
+            _mm512_srlv_epi32(v, _mm512_set1_epi32(shift as i32)),
+            _mm512_set1_epi32(mask),
+        )
+    };
+    let mut out = [(_mm512_setzero_ps(), _mm512_setzero_ps()); 8];
+    for j in 0..4u32 {
+        let sh = 8 * j;
+        let high = |v, lo| _mm512_or_si512(lo, _mm512_slli_epi32::<4>(field(v, sh + 6, 3)));
+        let (sc, mn) = (field(w[0], sh, 63), field(w[1], sh, 63));
+        let sc4 = high(w[0], field(w[2], sh, 15));
+        let mn4 = high(w[1], field(w[2], sh + 4, 15));
+        for (k, (sc, mn)) in [(j, (sc, mn)), (j + 4, (sc4, mn4))] {
+            out[k as usize] = (
+                _mm512_mul_ps(d, _mm512_cvtepi32_ps(sc)),
+                _mm512_mul_ps(neg_dmin, _mm512_cvtepi32_ps(mn)),
+            );
         }
     }
-    // SAFETY: each array is 16 readable f32s; unaligned loads.
-    std::array::from_fn(|j| unsafe {
-        (
-            _mm512_loadu_ps(dw[j].as_ptr()),
-            _mm512_loadu_ps(mw[j].as_ptr()),
-        )
-    })
+    out
+}
+
+/// The 32-bit values at byte `at` of rows `r0..r0 + 16` of a K-quant matrix (ggml's layout).
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn gather_raw(m: &QMatrix, r0: usize, at: usize) -> __m512i {
+    let base = m.raw_row(r0).as_ptr();
+    let stride = m.row_bytes;
+    assert!(at + 4 <= stride && r0 + G <= m.rows && G * stride < 1 << 31);
+    let idx = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(stride as i32),
+    );
+    let idx = _mm512_add_epi32(idx, _mm512_set1_epi32(at as i32));
+    // SAFETY: rows `r0..r0 + 16` are whole rows of the matrix (`stride` bytes each, contiguous
+    // from `base`), and each lane reads 4 bytes at `at + 4 <= stride` into its row.
+    unsafe { _mm512_i32gather_epi32::<1>(idx, base.cast()) }
 }
 
 /// Bytes of a Q6_K super-block.
 const K6_BYTES: usize = 210;
 
 /// `d` and the sixteen 16-element scales of super-block `sb` of 16 Q6_K rows, lane `r` for
-/// row `r`.
-#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+/// row `r`: five 32-bit gathers (`d` is the high half of the word two bytes before it, which
+/// stays inside the super-block) and the signed bytes extended in the lanes.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
 #[inline]
-fn k6_scales16(rows: &[&[u8]; G], sb: usize) -> (__m512, [__m512i; 16]) {
-    let (mut d, mut sc) = ([0f32; G], [[0i32; G]; 16]);
-    for (r, row) in rows.iter().enumerate() {
-        let blk = &row[sb * K6_BYTES..(sb + 1) * K6_BYTES];
-        d[r] = f16_le(blk, K6_D);
-        for (i, sc) in sc.iter_mut().enumerate() {
-            sc[r] = (blk[K6_SC + i] as i8).into();
-        }
-    }
-    // SAFETY: each array is 16 readable values; unaligned loads.
-    unsafe {
-        (
-            _mm512_loadu_ps(d.as_ptr()),
-            std::array::from_fn(|i| _mm512_loadu_si512(sc[i].as_ptr().cast())),
-        )
-    }
+fn k6_scales16(m: &QMatrix, r0: usize, sb: usize) -> (__m512, [__m512i; 16]) {
+    let at = sb * K6_BYTES;
+    let dd = gather_raw(m, r0, at + K6_D - 2);
+    let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dd)));
+    let w = [0, 4, 8, 12].map(|o| gather_raw(m, r0, at + K6_SC + o));
+    // Byte `i % 4` of word `i / 4`, sign-extended: shifted to the top, then back arithmetically.
+    let sc = std::array::from_fn(|i| {
+        let up = _mm512_sllv_epi32(w[i / 4], _mm512_set1_epi32(24 - 8 * (i % 4) as i32));
+        _mm512_srai_epi32::<24>(up)
+    });
+    (d, sc)
 }
 
 /// Walks the quants of rows `$r0..$r0 + 16` of `$m` in storage order and runs `$body` with
@@ -413,7 +436,7 @@ macro_rules! walk {
             let low = _mm512_set1_epi8(15);
             $fetch.plan($part, m.nb);
             for sb in 0..m.cols / QK_K {
-                let scales = k4_scales(&rows, sb);
+                let scales = k4_scales(m, $r0, sb);
                 let qs: [*const u8; G] = std::array::from_fn(|r| {
                     rows[r][sb * K4_BYTES + K4_QS..][..K4_BYTES - K4_QS].as_ptr()
                 });
@@ -452,7 +475,7 @@ macro_rules! walk {
             let (low, two) = (_mm512_set1_epi8(15), _mm512_set1_epi8(3));
             $fetch.plan($part, m.nb);
             for sb in 0..m.cols / QK_K {
-                let (d, scs) = k6_scales16(&rows, sb);
+                let (d, scs) = k6_scales16(m, $r0, sb);
                 let qs: [*const u8; G] =
                     std::array::from_fn(|r| rows[r][sb * K6_BYTES..][..K6_BYTES].as_ptr());
                 let ql = [quads4(&qs, 0), quads4(&qs, 64)];
@@ -626,6 +649,39 @@ unsafe fn block_dot(w: &[__m512i], xq: *const i8, b: usize) -> __m512i {
     _mm512_add_epi32(p, q)
 }
 
+/// Block `b`'s integer dot in the given `MODE` (see [`tokens`]): `xc` is the token's
+/// corrections (per block for [`SIGNED`], per half for [`K6`]), `k6` Q6_K's half scales.
+///
+/// # Safety
+/// As [`block_dot`].
+#[target_feature(enable = "avx2,avx512f,avx512vnni")]
+#[inline]
+unsafe fn int_dot<const MODE: u8>(
+    w: &[__m512i],
+    xq: *const i8,
+    b: usize,
+    xc: &[i32],
+    k6: [__m512i; 2],
+) -> __m512i {
+    if MODE == K6 {
+        // SAFETY: as this function's.
+        let (lo, hi) = unsafe { half_dots(w, xq, b) };
+        // Each half's `Σ (q − 32)·x` times its scale.
+        let c = |v, i: usize| _mm512_sub_epi32(v, _mm512_set1_epi32(xc[2 * b + i]));
+        return _mm512_add_epi32(
+            _mm512_mullo_epi32(c(lo, 0), k6[0]),
+            _mm512_mullo_epi32(c(hi, 1), k6[1]),
+        );
+    }
+    // SAFETY: as this function's.
+    let l = unsafe { block_dot(w, xq, b) };
+    if MODE == SIGNED {
+        // The weights were stored plus 128: take 128 · Σx back off.
+        return _mm512_sub_epi32(l, _mm512_set1_epi32(xc[b]));
+    }
+    l
+}
+
 /// As [`block_dot`], the dots of the block's two 16-element halves apart.
 ///
 /// # Safety
@@ -701,27 +757,13 @@ fn tokens<const N: usize, const MODE: u8>(p: &Pass<'_>, fetch: &mut Fetch<'_>, t
         let mut acc = [_mm512_setzero_ps(); N];
         for b in (k..nb).step_by(8) {
             let w = &g.w[8 * b..8 * b + 8];
+            let k6 = [g.sc[2 * b], g.sc[2 * b + 1]];
             for t in 0..N {
-                let l = if MODE == K6 {
-                    // SAFETY: `xq[t]` holds `32 · nb` activations (checked above), `b < nb`.
-                    let (lo, hi) = unsafe { half_dots(w, xq[t], b) };
-                    // Each half's `Σ (q − 32)·x` times its scale.
-                    let c = |v, i: usize| _mm512_sub_epi32(v, _mm512_set1_epi32(xc[t][2 * b + i]));
-                    _mm512_add_epi32(
-                        _mm512_mullo_epi32(c(lo, 0), g.sc[2 * b]),
-                        _mm512_mullo_epi32(c(hi, 1), g.sc[2 * b + 1]),
-                    )
-                } else {
-                    // SAFETY: as above.
-                    let l = unsafe { block_dot(w, xq[t], b) };
-                    if MODE == SIGNED {
-                        // The weights were stored plus 128: take 128 · Σx back off.
-                        _mm512_sub_epi32(l, _mm512_set1_epi32(xc[t][b]))
-                    } else {
-                        acc[t] = _mm512_fmadd_ps(g.mw[b], _mm512_set1_ps(xs[t][b]), acc[t]);
-                        l
-                    }
-                };
+                // SAFETY: `xq[t]` holds `32 · nb` activations (checked above) and `b < nb`.
+                let l = unsafe { int_dot::<MODE>(w, xq[t], b, xc[t], k6) };
+                if MODE == OFFSET {
+                    acc[t] = _mm512_fmadd_ps(g.mw[b], _mm512_set1_ps(xs[t][b]), acc[t]);
+                }
                 let sc = _mm512_mul_ps(g.dw[b], _mm512_set1_ps(xd[t][b]));
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), sc, acc[t]);
             }
@@ -763,7 +805,7 @@ fn sums(x: &Activations, n: usize, k: i32) -> Vec<i32> {
 /// Computes `rows` (whole groups of 16) for every token of `x` (see [`fits`]).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
 pub(in crate::kernels) fn rows(m: &QMatrix, x: &Activations, out: OutPtr, rows: Range<usize>) {
-    assert!(fits(m.ty, x.n_tokens) && rows.len().is_multiple_of(G));
+    assert!(fits(m.ty) && rows.len().is_multiple_of(G));
     // Q8_0 / IQ4_NL weights are stored plus 128: per token and block, `128 · Σx` to subtract;
     // Q6_K's are `q − 32`: per token and 16-element half, `32 · Σx`.
     let signed = matches!(m.ty, WeightType::Q8_0 | WeightType::IQ4_NL);
@@ -793,16 +835,15 @@ pub(in crate::kernels) fn rows(m: &QMatrix, x: &Activations, out: OutPtr, rows: 
         let f = &mut fetch;
         macro_rules! few {
             ($($n:literal)*) => {
-                match (x.n_tokens, signed) {
+                match (x.n_tokens, mode) {
                     $(
-                        ($n, true) if few => small::tokens::<$n, true>(&p, f),
-                        ($n, false) if few => small::tokens::<$n, false>(&p, f),
+                        ($n, SIGNED) if few => small::tokens::<$n, SIGNED>(&p, f),
+                        ($n, K6) if few => small::tokens::<$n, K6>(&p, f),
+                        ($n, _) if few => small::tokens::<$n, OFFSET>(&p, f),
                     )*
-                    _ => match mode {
-                        SIGNED => batch::<SIGNED>(&p, f),
-                        K6 => batch::<K6>(&p, f),
-                        _ => batch::<OFFSET>(&p, f),
-                    },
+                    (_, SIGNED) => batch::<SIGNED>(&p, f),
+                    (_, K6) => batch::<K6>(&p, f),
+                    _ => batch::<OFFSET>(&p, f),
                 }
             };
         }

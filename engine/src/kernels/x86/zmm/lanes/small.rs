@@ -13,8 +13,8 @@ use std::arch::x86_64::*;
 use super::super::super::super::kquant::K4_QS;
 use super::super::super::super::{QK, QK_K};
 use super::{
-    block_dot, k4_scales, k6_scales16, quads, quads4, quant_ptrs, walk, write_sums, Blk, Fetch,
-    Pass, QMatrix, Scales, Unit, WeightType, G, K4_BYTES, K6_BYTES,
+    int_dot, k4_scales, k6_scales16, quads, quads4, quant_ptrs, walk, write_sums, Blk, Fetch, Pass,
+    QMatrix, Scales, Unit, WeightType, G, K4_BYTES, K6, K6_BYTES, OFFSET, SIGNED,
 };
 
 /// The most tokens this path takes (beyond, the buffered path reuses each group's repacking
@@ -23,7 +23,7 @@ pub(super) const MAX: usize = 8;
 
 /// All `N` tokens of `p.x` for one group (`p.g` is not used): out rows `r0..r0 + 16`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni")]
-pub(super) fn tokens<const N: usize, const SIGNED: bool>(p: &Pass<'_>, fetch: &mut Fetch<'_>) {
+pub(super) fn tokens<const N: usize, const MODE: u8>(p: &Pass<'_>, fetch: &mut Fetch<'_>) {
     let Pass {
         g: _,
         m,
@@ -42,8 +42,10 @@ pub(super) fn tokens<const N: usize, const SIGNED: bool>(p: &Pass<'_>, fetch: &m
         xq[t] = q.as_ptr();
         xd[t] = &x.d_row(t)[..nb];
         xs[t] = &x.s_row(t)[..nb];
-        if SIGNED {
-            xc[t] = &corr[t * nb..(t + 1) * nb];
+        match MODE {
+            SIGNED => xc[t] = &corr[t * nb..(t + 1) * nb],
+            K6 => xc[t] = &corr[t * 2 * nb..(t + 1) * 2 * nb],
+            _ => {}
         }
     }
     let mut lanes = [[_mm512_setzero_ps(); 8]; N];
@@ -53,12 +55,9 @@ pub(super) fn tokens<const N: usize, const SIGNED: bool>(p: &Pass<'_>, fetch: &m
     walk!(m, r0, fetch, 1, |b, w, s| {
         for t in 0..N {
             // SAFETY: `xq[t]` holds `32 · nb` activations (checked above) and `b < nb`.
-            let mut l = unsafe { block_dot(w, xq[t], b) };
+            let l = unsafe { int_dot::<MODE>(w, xq[t], b, xc[t], s.sc) };
             let acc = &mut lanes[t][b % 8];
-            if SIGNED {
-                // The weights were stored plus 128: take 128 · Σx back off.
-                l = _mm512_sub_epi32(l, _mm512_set1_epi32(xc[t][b]));
-            } else {
+            if MODE == OFFSET {
                 *acc = _mm512_fmadd_ps(s.mw, _mm512_set1_ps(xs[t][b]), *acc);
             }
             let sc = _mm512_mul_ps(s.dw, _mm512_set1_ps(xd[t][b]));
