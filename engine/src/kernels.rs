@@ -38,8 +38,8 @@
 //! and reuse it across all tokens. On AVX512-VNNI the 32-element block formats (Q4_0, Q4_1,
 //! Q5_0, Q5_1, Q8_0, IQ4_NL) put 16 rows in the lanes of a register (`x86/zmm/lanes.rs`: each
 //! group of 16 rows repacked once per matmul, then one instruction per float step for all 16
-//! rows), for every batch size, and so do Q4_K (its sub-blocks are Q4_1 blocks, see
-//! `kquant.rs`) and Q6_K. Elsewhere (Q2_K, Q3_K, Q5_K, leftover rows, AVX2) an R-rows ×
+//! rows), for every batch size, and so do Q4_K and Q5_K (their sub-blocks are Q4_1 / Q5_1
+//! blocks, see `kquant.rs`) and Q6_K. Elsewhere (Q2_K, Q3_K, leftover rows, AVX2) an R-rows ×
 //! T-tokens register micro-kernel: 4 × 1 for single tokens (decode) and, for token tiles, 2 × 16, 4 × 8
 //! and 4 × 4 with 512-bit token-pair accumulators on VNNI (`x86/zmm.rs`, activations
 //! interleaved in pairs once per batch by [`Activations`]) or 2 × 4 on AVX2; leftover tokens

@@ -26,7 +26,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::super::super::kquant::{K4_QS, K6_D, K6_SC};
+use super::super::super::kquant::{K4_QS, K5_QH, K5_QS, K6_D, K6_SC};
 use super::super::super::scalar::IQ4NL_VALUES;
 use super::super::super::{Activations, OutPtr, QMatrix, WeightType, QK, QK_K};
 
@@ -38,12 +38,12 @@ const G: usize = 16;
 /// Tokens computed together (their accumulators and the block's weights stay in registers).
 const T: usize = 8;
 
-/// Whether [`rows`] computes a matrix of type `ty`, at any batch size: the 32-element formats (on a Sapphire Rapids core it was faster than the tiles, under the
-/// same float semantics, from one token on); Q4_K (its sub-blocks are Q4_1 blocks) and Q6_K
-/// too.
+/// Whether [`rows`] computes a matrix of type `ty`, at any batch size: the 32-element formats
+/// (on a Sapphire Rapids core it was faster than the tiles, under the same float semantics,
+/// from one token on); Q4_K and Q5_K (their sub-blocks are Q4_1 / Q5_1 blocks) and Q6_K too.
 pub(in crate::kernels) fn fits(ty: WeightType) -> bool {
-    // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K and Q6_K.
-    ty.is_quantized() && !matches!(ty, WeightType::Q2_K | WeightType::Q3_K | WeightType::Q5_K)
+    // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, Q4_K, Q5_K and Q6_K.
+    ty.is_quantized() && !matches!(ty, WeightType::Q2_K | WeightType::Q3_K)
 }
 
 /// One group of 16 rows, repacked: per block `b`, `w[8b + j]` lane `r` = elements `4j..4j + 3`
@@ -340,16 +340,13 @@ impl<'a> Scales<'a> {
     }
 }
 
-/// Bytes of a Q4_K super-block.
-const K4_BYTES: usize = 144;
-
-/// `(dw_j, mw_j)` of the eight sub-blocks of super-block `sb` of 16 Q4_K rows, lane `r` for
+/// `(dw_j, mw_j)` of the eight sub-blocks of super-block `sb` of 16 Q4_K / Q5_K rows, lane `r` for
 /// row `r` (as `kquant::k45_block_scales`: exact products): four 32-bit gathers (`d` and
 /// `dmin`, the three words of 6-bit fields) and the fields unpacked in the lanes.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
 #[inline]
-fn k4_scales(m: &QMatrix, r0: usize, sb: usize) -> [(__m512, __m512); 8] {
-    let at = sb * K4_BYTES;
+fn k45_scales16(m: &QMatrix, r0: usize, sb: usize) -> [(__m512, __m512); 8] {
+    let at = sb * (m.row_bytes / (m.cols / QK_K));
     let dd = gather_raw(m, r0, at);
     let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
     // `−dmin` by flipping the sign bit, as the scalar negation (`0 − dmin` would give +0).
@@ -428,32 +425,44 @@ fn k6_scales16(m: &QMatrix, r0: usize, sb: usize) -> (__m512, [__m512i; 16]) {
 macro_rules! walk {
     ($m:expr, $r0:expr, $fetch:expr, $part:expr, |$b:ident, $w:ident, $s:ident| $body:block) => {{
         let m: &QMatrix = $m;
-        if m.ty == WeightType::Q4_K {
+        if matches!(m.ty, WeightType::Q4_K | WeightType::Q5_K) {
             // Per super-block: the sub-blocks' scales of the 16 rows, then its 128 bytes of
             // quants as two 64-byte pieces per row, each holding four sub-blocks (the low and
-            // high nibbles of two 32-byte groups).
+            // high nibbles of two 32-byte groups); Q5_K's fifth bits are bit `j` of its 32 `qh`
+            // bytes for sub-block `j`.
+            let q5 = m.ty == WeightType::Q5_K;
+            let bb = m.row_bytes / (m.cols / QK_K);
             let rows: [&[u8]; G] = std::array::from_fn(|r| m.raw_row($r0 + r));
-            let low = _mm512_set1_epi8(15);
+            let (low, one) = (_mm512_set1_epi8(15), _mm512_set1_epi8(1));
             $fetch.plan($part, m.nb);
             for sb in 0..m.cols / QK_K {
-                let scales = k4_scales(m, $r0, sb);
-                let qs: [*const u8; G] = std::array::from_fn(|r| {
-                    rows[r][sb * K4_BYTES + K4_QS..][..K4_BYTES - K4_QS].as_ptr()
-                });
+                let scales = k45_scales16(m, $r0, sb);
+                let at = |o: usize| -> [*const u8; G] {
+                    std::array::from_fn(|r| rows[r][sb * bb + o..(sb + 1) * bb].as_ptr())
+                };
+                let qs = at(if q5 { K5_QS } else { K4_QS });
+                // (64 bytes from `qh`: its 32 and the first quants, not used.)
+                let qh = if q5 {
+                    quads4(&at(K5_QH), 0)
+                } else {
+                    [[_mm512_setzero_si512(); 4]; 4]
+                };
                 for h in 0..2 {
                     let p = quads4(&qs, 64 * h);
-                    for (g, hi) in [(0, 0), (0, 4), (1, 0), (1, 4)] {
-                        let (a, c) = (p[2 * g], p[2 * g + 1]);
-                        let nib = |v: __m512i| {
-                            _mm512_and_si512(_mm512_srli_epi16::<4>(v), low)
-                        };
-                        let lo = |v: __m512i| _mm512_and_si512(v, low);
-                        let w: [__m512i; 8] = if hi == 0 {
-                            [lo(a[0]), lo(a[1]), lo(a[2]), lo(a[3]), lo(c[0]), lo(c[1]), lo(c[2]), lo(c[3])]
-                        } else {
-                            [nib(a[0]), nib(a[1]), nib(a[2]), nib(a[3]), nib(c[0]), nib(c[1]), nib(c[2]), nib(c[3])]
-                        };
-                        let j = 4 * h + 2 * g + usize::from(hi != 0);
+                    for (g, hi) in [(0, false), (0, true), (1, false), (1, true)] {
+                        let j = 4 * h + 2 * g + usize::from(hi);
+                        let shift = _mm_cvtsi32_si128(j as i32);
+                        let w: [__m512i; 8] = std::array::from_fn(|jj| {
+                            let v = p[2 * g + jj / 4][jj % 4];
+                            let v = if hi { _mm512_srli_epi16::<4>(v) } else { v };
+                            let q = _mm512_and_si512(v, low);
+                            if !q5 {
+                                return q;
+                            }
+                            let f = _mm512_srl_epi32(qh[jj / 4][jj % 4], shift);
+                            let f = _mm512_and_si512(f, one);
+                            _mm512_or_si512(q, _mm512_slli_epi16::<4>(f))
+                        });
                         let $b = 8 * sb + j;
                         let $w = &w;
                         let $s = Blk {
@@ -491,7 +500,8 @@ macro_rules! walk {
                         } else {
                             _mm512_and_si512(_mm512_srli_epi16::<4>(l), low)
                         };
-                        let h = _mm512_and_si512(_mm512_srl_epi16(qh[2 * n + jj / 4][jj % 4], shift), two);
+                        let h = _mm512_srl_epi16(qh[2 * n + jj / 4][jj % 4], shift);
+                        let h = _mm512_and_si512(h, two);
                         *w = _mm512_or_si512(l, _mm512_slli_epi16::<4>(h));
                     }
                     let $b = 8 * sb + j;
