@@ -1,5 +1,11 @@
 //! Rows in lanes: the kernel of the 32-element block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-//! IQ4_NL) on AVX512-VNNI, for every batch size.
+//! IQ4_NL) and of Q4_K, Q5_K and Q6_K on AVX512-VNNI, for every batch size.
+//!
+//! A K-quant super-block is eight 32-element blocks to this kernel: Q4_K / Q5_K sub-blocks are
+//! Q4_1 / Q5_1 blocks (scale `d·sc_j`, offset `−dmin·m_j`, exact), and a Q6_K block is two
+//! 16-element halves whose `Σ (q − 32)·x` are scaled in integers before its float step (see
+//! `kquant.rs`). Their scales are gathered for the 16 rows per super-block and unpacked in the
+//! lanes; the quants come out of the same 64-byte loads and transposes as the other formats'.
 //!
 //! The token-pair tiles keep one row's block in a register and put tokens in the lanes, so
 //! every (row, token) pair ends each block with eight per-lane partial sums to add up before
