@@ -80,6 +80,7 @@ def test_a_memory_limit_below_the_model_surfaces_oom_killed(node, operator, name
 @pytest.mark.parametrize("field,value,expect", [
     ("decode", {"replicas": "two"}, "spec.decode.replicas"),
     ("kvTransfer", {"backend": "carrier-pigeon"}, "spec.kvTransfer.backend"),
+    ("decode", {"replicas": 1, "kvMemory": "lots"}, "spec.decode.kvMemory"),
 ])
 def test_a_spec_the_schema_rejects_is_a_422_naming_the_field(node, operator, namespace, field, value, expect):
     spec = isvc("bad")

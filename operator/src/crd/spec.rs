@@ -186,10 +186,16 @@ pub struct PoolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1024))]
     pub threads: Option<u32>,
-    /// KV blocks per worker.
+    /// KV blocks per worker (16 tokens each); overrides `kvMemory`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 16777216))]
     pub kv_blocks: Option<u32>,
+    /// The KV pool's size when `kvBlocks` is not given: `auto` (the workers' default: one
+    /// sequence of the model's whole context, up to 32,768 tokens) or the bytes of the whole
+    /// model's KV, e.g. `4Gi`, `512MiB`, `8G` (a group's ranks each hold their heads' share).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(r"^(auto|[0-9]+(\.[0-9]+)? *([KkMmGgTtPpEe][Ii]?[Bb]?|[Bb])?)$"))]
+    pub kv_memory: Option<String>,
     /// Pod template overrides.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,

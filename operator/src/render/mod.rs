@@ -126,6 +126,9 @@ fn worker_config(
     if let Some(b) = pool.kv_blocks {
         settings.push(("kv_blocks", b.to_string()));
     }
+    if let Some(m) = &pool.kv_memory {
+        settings.push(("kv_memory", m.clone()));
+    }
     settings.extend(internal_tls_settings(isvc));
     let (mut env, _) = config::worker_env(&settings).map_err(RenderError::settings(c.as_str()))?;
     // UCX's default crash handler prints a backtrace from inside the signal handler, which

@@ -117,6 +117,7 @@ fn single_node_pools_become_deployments_with_contract_labels() {
 fn config_maps_hold_the_binaries_settings() {
     let mut s = spec();
     s.decode.kv_blocks = Some(128);
+    s.prefill.kv_memory = Some("4Gi".into());
     s.router.queue_timeout_seconds = Some(3);
     s.model.chat_template = Some("gemma".into());
     s.router.api_key_secret = Some(SecretKeyRef {
@@ -136,6 +137,8 @@ fn config_maps_hold_the_binaries_settings() {
     let dec = cm("chat-decode");
     assert_eq!(dec["CLEAVE_MODEL"], "/models/m.gguf");
     assert_eq!(dec["CLEAVE_KV_BLOCKS"], "128");
+    assert!(!dec.contains_key("CLEAVE_KV_MEMORY"), "unset: the workers' auto");
+    assert_eq!(cm("chat-prefill")["CLEAVE_KV_MEMORY"], "4Gi");
     assert_eq!(dec["CLEAVE_GRPC_ADDR"], "0.0.0.0:50051");
     assert_eq!(dec["UCX_HANDLE_ERRORS"], "none");
     assert!(!cm("chat-prefill").contains_key("CLEAVE_KV_BLOCKS"));
@@ -340,4 +343,12 @@ fn the_policy_flag_is_the_crd_name() {
             "{flag}"
         );
     }
+}
+
+#[test]
+fn a_kv_memory_the_workers_cannot_parse_is_refused_when_rendering() {
+    let mut s = spec();
+    s.decode.kv_memory = Some("lots".into());
+    let e = desired(&isvc(s), &inputs()).unwrap_err().to_string();
+    assert!(e.contains("rejects") && e.contains("lots"), "{e}");
 }
