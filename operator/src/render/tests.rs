@@ -137,7 +137,10 @@ fn config_maps_hold_the_binaries_settings() {
     let dec = cm("chat-decode");
     assert_eq!(dec["CLEAVE_MODEL"], "/models/m.gguf");
     assert_eq!(dec["CLEAVE_KV_BLOCKS"], "128");
-    assert!(!dec.contains_key("CLEAVE_KV_MEMORY"), "unset: the workers' auto");
+    assert!(
+        !dec.contains_key("CLEAVE_KV_MEMORY"),
+        "unset: the workers' auto"
+    );
     assert_eq!(cm("chat-prefill")["CLEAVE_KV_MEMORY"], "4Gi");
     assert_eq!(dec["CLEAVE_GRPC_ADDR"], "0.0.0.0:50051");
     assert_eq!(dec["UCX_HANDLE_ERRORS"], "none");

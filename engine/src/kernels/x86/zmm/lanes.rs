@@ -168,11 +168,12 @@ fn fifth_bits(qh: __m512i, j: u32) -> __m512i {
     _mm512_permutexvar_epi32(nib, table)
 }
 
-/// The 32-bit values at byte `at` of rows `r0..r0 + 16` of a packed matrix.
+/// The 32-bit values at byte `at` of rows `r0..r0 + 16` of a quantized matrix (packed, or a
+/// K-quant's ggml layout).
 #[target_feature(enable = "avx512f")]
 #[inline]
 fn gather(m: &QMatrix, r0: usize, at: usize) -> __m512i {
-    let base = m.packed_row(r0).d.as_ptr();
+    let base = m.raw_row(r0).as_ptr();
     let stride = m.row_bytes;
     assert!(at + 4 <= stride && r0 + G <= m.rows && G * stride < 1 << 31);
     let idx = _mm512_mullo_epi32(
@@ -353,7 +354,7 @@ impl<'a> Scales<'a> {
 #[inline]
 fn k45_scales16(m: &QMatrix, r0: usize, sb: usize) -> [(__m512, __m512); 8] {
     let at = sb * (m.row_bytes / (m.cols / QK_K));
-    let dd = gather_raw(m, r0, at);
+    let dd = gather(m, r0, at);
     let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
     // `−dmin` by flipping the sign bit, as the scalar negation (`0 − dmin` would give +0).
     let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dd)));
@@ -361,7 +362,7 @@ fn k45_scales16(m: &QMatrix, r0: usize, sb: usize) -> [(__m512, __m512); 8] {
         _mm512_castps_si512(dmin),
         _mm512_set1_epi32(i32::MIN),
     ));
-    let w = [4, 8, 12].map(|o| gather_raw(m, r0, at + o));
+    let w = [4, 8, 12].map(|o| gather(m, r0, at + o));
     let field = |v: __m512i, shift: u32, mask: i32| {
         _mm512_and_si512(
             _mm512_srlv_epi32(v, _mm512_set1_epi32(shift as i32)),
@@ -385,23 +386,6 @@ fn k45_scales16(m: &QMatrix, r0: usize, sb: usize) -> [(__m512, __m512); 8] {
     out
 }
 
-/// The 32-bit values at byte `at` of rows `r0..r0 + 16` of a K-quant matrix (ggml's layout).
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn gather_raw(m: &QMatrix, r0: usize, at: usize) -> __m512i {
-    let base = m.raw_row(r0).as_ptr();
-    let stride = m.row_bytes;
-    assert!(at + 4 <= stride && r0 + G <= m.rows && G * stride < 1 << 31);
-    let idx = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(stride as i32),
-    );
-    let idx = _mm512_add_epi32(idx, _mm512_set1_epi32(at as i32));
-    // SAFETY: rows `r0..r0 + 16` are whole rows of the matrix (`stride` bytes each, contiguous
-    // from `base`), and each lane reads 4 bytes at `at + 4 <= stride` into its row.
-    unsafe { _mm512_i32gather_epi32::<1>(idx, base.cast()) }
-}
-
 /// Bytes of a Q6_K super-block.
 const K6_BYTES: usize = 210;
 
@@ -412,9 +396,9 @@ const K6_BYTES: usize = 210;
 #[inline]
 fn k6_scales16(m: &QMatrix, r0: usize, sb: usize) -> (__m512, [__m512i; 16]) {
     let at = sb * K6_BYTES;
-    let dd = gather_raw(m, r0, at + K6_D - 2);
+    let dd = gather(m, r0, at + K6_D - 2);
     let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dd)));
-    let w = [0, 4, 8, 12].map(|o| gather_raw(m, r0, at + K6_SC + o));
+    let w = [0, 4, 8, 12].map(|o| gather(m, r0, at + K6_SC + o));
     // Byte `i % 4` of word `i / 4`, sign-extended: shifted to the top, then back arithmetically.
     let sc = std::array::from_fn(|i| {
         let up = _mm512_sllv_epi32(w[i / 4], _mm512_set1_epi32(24 - 8 * (i % 4) as i32));
