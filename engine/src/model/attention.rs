@@ -199,12 +199,29 @@ impl Attend<'_> {
     /// Computes `items` into `out` (their `group · head_dim` rows, in item order).
     fn items(&self, items: std::ops::Range<usize>, out: &mut [f32], part: &mut Part) {
         #[cfg(target_arch = "x86_64")]
-        if has_avx2() && self.layout.dtype == KvDtype::F32 {
-            // SAFETY (all arms): the CPU supports AVX2 and FMA (checked at run time just above).
-            match self.layout.head_dim {
-                32 => return unsafe { avx2::attend_f32::<4>(self, items, out, part) },
-                64 => return unsafe { avx2::attend_f32::<8>(self, items, out, part) },
-                128 => return unsafe { avx2::attend_f32::<16>(self, items, out, part) },
+        if has_avx2() {
+            use half::f16;
+            // SAFETY (all arms): the CPU supports AVX2, FMA and F16C (checked at run time just
+            // above).
+            match (self.layout.dtype, self.layout.head_dim) {
+                (KvDtype::F32, 32) => {
+                    return unsafe { avx2::attend_kv::<f32, 4>(self, items, out, part) }
+                }
+                (KvDtype::F32, 64) => {
+                    return unsafe { avx2::attend_kv::<f32, 8>(self, items, out, part) }
+                }
+                (KvDtype::F32, 128) => {
+                    return unsafe { avx2::attend_kv::<f32, 16>(self, items, out, part) }
+                }
+                (KvDtype::F16, 32) => {
+                    return unsafe { avx2::attend_kv::<f16, 4>(self, items, out, part) }
+                }
+                (KvDtype::F16, 64) => {
+                    return unsafe { avx2::attend_kv::<f16, 8>(self, items, out, part) }
+                }
+                (KvDtype::F16, 128) => {
+                    return unsafe { avx2::attend_kv::<f16, 16>(self, items, out, part) }
+                }
                 _ => {}
             }
         }
@@ -284,7 +301,11 @@ fn kv_rows(
 #[cfg(target_arch = "x86_64")]
 fn has_avx2() -> bool {
     static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVX2.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
+    *AVX2.get_or_init(|| {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    })
 }
 
 /// The same code compiled for 256-bit vectors. Per lane the float operations are the same as
@@ -535,17 +556,19 @@ mod tests {
         }
     }
 
-    /// The SIMD path (F32 cache, head_dim 32/64/128 on AVX2 machines) gives the same bits as
-    /// the portable code, for several context lengths (partial blocks, tails of < 4 positions).
+    /// The SIMD path (F32 and F16 caches, head_dim 32/64/128 on AVX2 machines) gives the same
+    /// bits as the portable code, for several context lengths (partial blocks, tails of < 4
+    /// positions).
     #[test]
     fn simd_attention_is_bit_identical_to_portable() {
-        for hd in [32, 64, 128] {
+        let cases = [32, 64, 128].map(|hd| [(hd, KvDtype::F32), (hd, KvDtype::F16)]);
+        for (hd, dtype) in cases.into_iter().flatten() {
             let lay = KvLayout {
                 n_layers: 2,
                 n_kv_heads: 3,
                 head_dim: hd,
                 block_size: 16,
-                dtype: KvDtype::F32,
+                dtype,
             };
             // Ten blocks: 150 positions cross the L1 spans of the SIMD path at every head size.
             let mut cache = KvCache::on_heap(lay, 12);
@@ -595,7 +618,7 @@ mod tests {
                     assert_eq!(
                         a.to_bits(),
                         b.to_bits(),
-                        "hd {hd} {params:?} element {i}: {a} vs {b}"
+                        "hd {hd} {dtype:?} {params:?} element {i}: {a} vs {b}"
                     );
                 }
             }

@@ -1,4 +1,5 @@
-//! AVX2 attention over an F32 KV cache with `head_dim = 8·CH`: the same float operations, in
+//! AVX2 attention over an F32 or F16 KV cache with `head_dim = 8·CH`: the same float
+//! operations (an f16 element widened exactly by F16C, as `half` widens it), in
 //! the same order, as the portable `attend_typed` (eight-lane `acc + q·k` partial sums reduced as
 //! `((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))`, then `acc + w·v` per position in order),
 //! so results are bit-identical; only the code shape differs: a head's query and output rows stay
@@ -9,7 +10,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{normalize, Attend, Part};
+use super::{normalize, Attend, KvElem, Part};
 
 /// `[hsum(a), hsum(b), hsum(c), hsum(d)]`, each `((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 +
 /// v7))`.
@@ -31,24 +32,50 @@ unsafe fn load(p: *const f32) -> __m256 {
     unsafe { _mm256_loadu_ps(p) }
 }
 
+/// A KV element type whose rows the kernel reads eight at a time as f32s.
+pub(super) trait Lanes: KvElem {
+    /// The 8 elements at `p`, widened to f32 exactly.
+    ///
+    /// # Safety
+    /// `p` must point to 8 readable elements, and the CPU must have AVX2 and F16C (the
+    /// function is inlined into the kernel, whose features these are).
+    unsafe fn load8(p: *const Self) -> __m256;
+}
+
+impl Lanes for f32 {
+    #[inline(always)]
+    unsafe fn load8(p: *const f32) -> __m256 {
+        // SAFETY: guaranteed by the caller.
+        unsafe { load(p) }
+    }
+}
+
+impl Lanes for half::f16 {
+    #[inline(always)]
+    unsafe fn load8(p: *const half::f16) -> __m256 {
+        // SAFETY: 16 readable bytes and F16C, guaranteed by the caller; unaligned load.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+    }
+}
+
 /// `Σ q·k` partial sums of one position, eight lanes (`q` preloaded).
 ///
 /// # Safety
-/// `k` must point to `8·CH` readable f32s.
-#[target_feature(enable = "avx2,fma")]
+/// `k` must point to `8·CH` readable elements.
+#[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn partial<const CH: usize>(q: &[__m256; CH], k: *const f32) -> __m256 {
+unsafe fn partial<T: Lanes, const CH: usize>(q: &[__m256; CH], k: *const T) -> __m256 {
     let mut acc = _mm256_setzero_ps();
     for (c, q) in q.iter().enumerate() {
         // SAFETY: `8·c + 8 <= 8·CH`.
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(*q, unsafe { load(k.add(8 * c)) }));
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(*q, unsafe { T::load8(k.add(8 * c)) }));
     }
     acc
 }
 
 /// Causal attention of every batch token over its cached positions (see `attend`).
-#[target_feature(enable = "avx2,fma")]
-pub(super) fn attend_f32<const CH: usize>(
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn attend_kv<T: Lanes, const CH: usize>(
     a: &Attend<'_>,
     items: std::ops::Range<usize>,
     out: &mut [f32],
@@ -58,11 +85,12 @@ pub(super) fn attend_f32<const CH: usize>(
     assert_eq!(hd, 8 * CH);
     let group = a.n_heads / a.layout.n_kv_heads;
     let (scale, softcap) = (a.params.scale, a.params.softcap);
-    let mem = a.mem::<f32>();
-    // Positions per span: the span's key (or value) rows take 16 KiB, so they stay in L1 while
-    // every query head of the group goes over them (one pass from L2/L3 instead of `group`).
+    let mem = a.mem::<T>();
+    // Positions per span: the span's key (or value) rows take 16 KiB (8 KiB of f16), so they
+    // stay in L1 while every query head of the group goes over them (one pass from L2/L3
+    // instead of `group`).
     let span = (512 / CH).max(4);
-    a.each_group::<f32>(items, out, part, |gr, scratch| {
+    a.each_group::<T>(items, out, part, |gr, scratch| {
         // Positions attended to (the whole causal prefix, or the window).
         let ctx = gr.n;
         for s0 in (0..ctx).step_by(span) {
@@ -81,7 +109,7 @@ pub(super) fn attend_f32<const CH: usize>(
                     let r = &scratch.rows[j..j + 4];
                     // SAFETY: every row offset was checked against `mem` above.
                     let v = unsafe {
-                        let p = |i: usize| partial::<CH>(qh, mem.as_ptr().add(r[i].0));
+                        let p = |i: usize| partial::<T, CH>(qh, mem.as_ptr().add(r[i].0));
                         hsum4(p(0), p(1), p(2), p(3))
                     };
                     let v = _mm_mul_ps(v, _mm_set1_ps(scale));
@@ -92,7 +120,7 @@ pub(super) fn attend_f32<const CH: usize>(
                 while j < end {
                     let k = mem.as_ptr().wrapping_add(scratch.rows[j].0);
                     // SAFETY: as above.
-                    let p = unsafe { partial::<CH>(qh, k) };
+                    let p = unsafe { partial::<T, CH>(qh, k) };
                     let z = _mm256_setzero_ps();
                     row[j] = _mm_cvtss_f32(hsum4(p, z, z, z)) * scale;
                     j += 1;
@@ -121,7 +149,8 @@ pub(super) fn attend_f32<const CH: usize>(
                     let v = mem.as_ptr().wrapping_add(v);
                     for (c, a) in acc.iter_mut().enumerate() {
                         // SAFETY: the value row offset was checked against `mem` above.
-                        *a = _mm256_add_ps(*a, _mm256_mul_ps(w, unsafe { load(v.add(8 * c)) }));
+                        let x = unsafe { T::load8(v.add(8 * c)) };
+                        *a = _mm256_add_ps(*a, _mm256_mul_ps(w, x));
                     }
                 }
                 for (c, a) in acc.iter().enumerate() {
