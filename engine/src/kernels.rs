@@ -523,7 +523,7 @@ impl QMatrix {
     }
 
     /// Row `r`'s bytes as stored (ggml's layout for K-quants, repacked for the others).
-    #[inline]
+    #[inline(always)]
     fn raw_row(&self, r: usize) -> &[u8] {
         &self.packed_bytes()[r * self.row_bytes..(r + 1) * self.row_bytes]
     }

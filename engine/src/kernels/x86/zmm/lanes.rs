@@ -347,14 +347,14 @@ impl<'a> Scales<'a> {
     }
 }
 
-/// `(dw_j, mw_j)` of the eight sub-blocks of super-block `sb` of 16 Q4_K / Q5_K rows, lane `r` for
-/// row `r` (as `kquant::k45_block_scales`: exact products): four 32-bit gathers (`d` and
-/// `dmin`, the three words of 6-bit fields) and the fields unpacked in the lanes.
+/// `(dw_j, mw_j)` of the eight sub-blocks of the Q4_K / Q5_K super-blocks at `hdr` (16 rows),
+/// lane `r` for row `r` (as `kquant::k45_block_scales`: exact products): the 16-byte heads
+/// transposed into four words per row (`d` and `dmin`, then three words of 6-bit fields) and
+/// the fields unpacked in the lanes.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
 #[inline]
-fn k45_scales16(m: &QMatrix, r0: usize, sb: usize) -> [(__m512, __m512); 8] {
-    let at = sb * (m.row_bytes / (m.cols / QK_K));
-    let dd = gather(m, r0, at);
+fn k45_scales16(hdr: &[*const u8; G]) -> [(__m512, __m512); 8] {
+    let [dd, w0, w1, w2] = quads(hdr, 0);
     let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
     // `−dmin` by flipping the sign bit, as the scalar negation (`0 − dmin` would give +0).
     let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dd)));
@@ -362,7 +362,7 @@ fn k45_scales16(m: &QMatrix, r0: usize, sb: usize) -> [(__m512, __m512); 8] {
         _mm512_castps_si512(dmin),
         _mm512_set1_epi32(i32::MIN),
     ));
-    let w = [4, 8, 12].map(|o| gather(m, r0, at + o));
+    let w = [w0, w1, w2];
     let field = |v: __m512i, shift: u32, mask: i32| {
         _mm512_and_si512(
             _mm512_srlv_epi32(v, _mm512_set1_epi32(shift as i32)),
@@ -389,16 +389,16 @@ fn k45_scales16(m: &QMatrix, r0: usize, sb: usize) -> [(__m512, __m512); 8] {
 /// Bytes of a Q6_K super-block.
 const K6_BYTES: usize = 210;
 
-/// `d` and the sixteen 16-element scales of super-block `sb` of 16 Q6_K rows, lane `r` for
-/// row `r`: five 32-bit gathers (`d` is the high half of the word two bytes before it, which
-/// stays inside the super-block) and the signed bytes extended in the lanes.
+/// `d` and the sixteen 16-element scales of super-block `sb` of 16 Q6_K rows (starting at
+/// `blk`), lane `r` for row `r`: the 16 scale bytes transposed into four words per row, a
+/// 32-bit gather for `d` (the high half of the word two bytes before it, which stays inside
+/// the super-block), and the signed bytes extended in the lanes.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
 #[inline]
-fn k6_scales16(m: &QMatrix, r0: usize, sb: usize) -> (__m512, [__m512i; 16]) {
-    let at = sb * K6_BYTES;
-    let dd = gather(m, r0, at + K6_D - 2);
+fn k6_scales16(m: &QMatrix, r0: usize, sb: usize, blk: &[*const u8; G]) -> (__m512, [__m512i; 16]) {
+    let dd = gather(m, r0, sb * K6_BYTES + K6_D - 2);
     let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dd)));
-    let w = [0, 4, 8, 12].map(|o| gather(m, r0, at + K6_SC + o));
+    let w = quads(blk, K6_SC);
     // Byte `i % 4` of word `i / 4`, sign-extended: shifted to the top, then back arithmetically.
     let sc = std::array::from_fn(|i| {
         let up = _mm512_sllv_epi32(w[i / 4], _mm512_set1_epi32(24 - 8 * (i % 4) as i32));
@@ -426,10 +426,10 @@ macro_rules! walk {
             let (low, one) = (_mm512_set1_epi8(15), _mm512_set1_epi8(1));
             $fetch.plan($part, m.nb);
             for sb in 0..m.cols / QK_K {
-                let scales = k45_scales16(m, $r0, sb);
                 let at = |o: usize| -> [*const u8; G] {
                     std::array::from_fn(|r| rows[r][sb * bb + o..(sb + 1) * bb].as_ptr())
                 };
+                let scales = k45_scales16(&at(0));
                 let qs = at(if q5 { K5_QS } else { K4_QS });
                 // (64 bytes from `qh`: its 32 and the first quants, not used.)
                 let qh = if q5 {
@@ -474,9 +474,9 @@ macro_rules! walk {
             let (low, two) = (_mm512_set1_epi8(15), _mm512_set1_epi8(3));
             $fetch.plan($part, m.nb);
             for sb in 0..m.cols / QK_K {
-                let (d, scs) = k6_scales16(m, $r0, sb);
                 let qs: [*const u8; G] =
                     std::array::from_fn(|r| rows[r][sb * K6_BYTES..][..K6_BYTES].as_ptr());
+                let (d, scs) = k6_scales16(m, $r0, sb, &qs);
                 let ql = [quads4(&qs, 0), quads4(&qs, 64)];
                 let qh = quads4(&qs, 128);
                 for j in 0..8 {
