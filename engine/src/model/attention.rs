@@ -200,35 +200,17 @@ impl Attend<'_> {
     fn items(&self, items: std::ops::Range<usize>, out: &mut [f32], part: &mut Part) {
         #[cfg(target_arch = "x86_64")]
         if has_avx2() {
-            use half::f16;
-            // SAFETY (all arms): the CPU supports AVX2, FMA and F16C (checked at run time just
-            // above).
-            match (self.layout.dtype, self.layout.head_dim) {
-                (KvDtype::F32, 32) => {
-                    return unsafe { avx2::attend_kv::<f32, 4>(self, items, out, part) }
+            // SAFETY: the CPU supports AVX2, FMA and F16C (checked at run time just above).
+            let done = unsafe {
+                match self.layout.dtype {
+                    KvDtype::F32 => avx2::attend::<f32>(self, items.clone(), out, part),
+                    KvDtype::F16 => avx2::attend::<half::f16>(self, items.clone(), out, part),
                 }
-                (KvDtype::F32, 64) => {
-                    return unsafe { avx2::attend_kv::<f32, 8>(self, items, out, part) }
-                }
-                (KvDtype::F32, 128) => {
-                    return unsafe { avx2::attend_kv::<f32, 16>(self, items, out, part) }
-                }
-                (KvDtype::F16, 32) => {
-                    return unsafe { avx2::attend_kv::<f16, 4>(self, items, out, part) }
-                }
-                (KvDtype::F16, 64) => {
-                    return unsafe { avx2::attend_kv::<f16, 8>(self, items, out, part) }
-                }
-                (KvDtype::F16, 128) => {
-                    return unsafe { avx2::attend_kv::<f16, 16>(self, items, out, part) }
-                }
-                _ => {}
+            };
+            if !done {
+                // SAFETY: as above.
+                unsafe { attend_avx2(self, items, out, part) };
             }
-        }
-        #[cfg(target_arch = "x86_64")]
-        if has_avx2() {
-            // SAFETY: the CPU supports AVX2 and FMA (checked at run time just above).
-            unsafe { attend_avx2(self, items, out, part) };
             return;
         }
         attend_any(self, items, out, part);

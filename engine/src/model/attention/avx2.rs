@@ -73,9 +73,27 @@ unsafe fn partial<T: Lanes, const CH: usize>(q: &[__m256; CH], k: *const T) -> _
     acc
 }
 
+/// The span kernel for the head size of `a`, if it has one (32, 64 or 128): false when the
+/// caller must use the portable code.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn attend<T: Lanes>(
+    a: &Attend<'_>,
+    items: std::ops::Range<usize>,
+    out: &mut [f32],
+    part: &mut Part,
+) -> bool {
+    match a.layout.head_dim {
+        32 => attend_kv::<T, 4>(a, items, out, part),
+        64 => attend_kv::<T, 8>(a, items, out, part),
+        128 => attend_kv::<T, 16>(a, items, out, part),
+        _ => return false,
+    }
+    true
+}
+
 /// Causal attention of every batch token over its cached positions (see `attend`).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn attend_kv<T: Lanes, const CH: usize>(
+fn attend_kv<T: Lanes, const CH: usize>(
     a: &Attend<'_>,
     items: std::ops::Range<usize>,
     out: &mut [f32],

@@ -268,13 +268,13 @@ fn quads4(qs: &[*const u8; G], off: usize) -> [[__m512i; 4]; 4] {
 
 impl Group {
     #[target_feature(enable = "avx512f")]
-    /// Room for `nb` blocks.
-    fn new(nb: usize) -> Self {
+    /// Room for `nb` blocks (and their half scales when `k6`).
+    fn new(nb: usize, k6: bool) -> Self {
         Group {
             w: vec![_mm512_setzero_si512(); 8 * nb],
             dw: vec![_mm512_setzero_ps(); nb],
             mw: vec![_mm512_setzero_ps(); nb],
-            sc: vec![_mm512_setzero_si512(); 2 * nb],
+            sc: vec![_mm512_setzero_si512(); if k6 { 2 * nb } else { 0 }],
         }
     }
 
@@ -386,9 +386,6 @@ fn k45_scales16(hdr: &[*const u8; G]) -> [(__m512, __m512); 8] {
     out
 }
 
-/// Bytes of a Q6_K super-block.
-const K6_BYTES: usize = 210;
-
 /// `d` and the sixteen 16-element scales of super-block `sb` of 16 Q6_K rows (starting at
 /// `blk`), lane `r` for row `r`: the 16 scale bytes transposed into four words per row, a
 /// 32-bit gather for `d` (the high half of the word two bytes before it, which stays inside
@@ -396,7 +393,7 @@ const K6_BYTES: usize = 210;
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw")]
 #[inline]
 fn k6_scales16(m: &QMatrix, r0: usize, sb: usize, blk: &[*const u8; G]) -> (__m512, [__m512i; 16]) {
-    let dd = gather(m, r0, sb * K6_BYTES + K6_D - 2);
+    let dd = gather(m, r0, sb * m.ty.block_bytes() + K6_D - 2);
     let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dd)));
     let w = quads(blk, K6_SC);
     // Byte `i % 4` of word `i / 4`, sign-extended: shifted to the top, then back arithmetically.
@@ -421,7 +418,7 @@ macro_rules! walk {
             // high nibbles of two 32-byte groups); Q5_K's fifth bits are bit `j` of its 32 `qh`
             // bytes for sub-block `j`.
             let q5 = m.ty == WeightType::Q5_K;
-            let bb = m.row_bytes / (m.cols / QK_K);
+            let bb = m.ty.block_bytes();
             let rows: [&[u8]; G] = std::array::from_fn(|r| m.raw_row($r0 + r));
             let (low, one) = (_mm512_set1_epi8(15), _mm512_set1_epi8(1));
             $fetch.plan($part, m.nb);
@@ -470,12 +467,13 @@ macro_rules! walk {
             // 128 bytes of low quant bits as two 64-byte pieces and the 64 bytes of high bits
             // as one; block `j` (half `n = j / 4`, group `g = j % 4`) takes 32 low-bit bytes
             // (nibbles: low for `g < 2`) and bits `2g, 2g + 1` of 32 high-bit bytes.
+            let bb = m.ty.block_bytes();
             let rows: [&[u8]; G] = std::array::from_fn(|r| m.raw_row($r0 + r));
             let (low, two) = (_mm512_set1_epi8(15), _mm512_set1_epi8(3));
             $fetch.plan($part, m.nb);
             for sb in 0..m.cols / QK_K {
                 let qs: [*const u8; G] =
-                    std::array::from_fn(|r| rows[r][sb * K6_BYTES..][..K6_BYTES].as_ptr());
+                    std::array::from_fn(|r| rows[r][sb * bb..][..bb].as_ptr());
                 let (d, scs) = k6_scales16(m, $r0, sb, &qs);
                 let ql = [quads4(&qs, 0), quads4(&qs, 64)];
                 let qh = quads4(&qs, 128);
@@ -757,7 +755,11 @@ fn tokens<const N: usize, const MODE: u8>(p: &Pass<'_>, fetch: &mut Fetch<'_>, t
         let mut acc = [_mm512_setzero_ps(); N];
         for b in (k..nb).step_by(8) {
             let w = &g.w[8 * b..8 * b + 8];
-            let k6 = [g.sc[2 * b], g.sc[2 * b + 1]];
+            let k6 = if MODE == K6 {
+                [g.sc[2 * b], g.sc[2 * b + 1]]
+            } else {
+                [_mm512_setzero_si512(); 2]
+            };
             for t in 0..N {
                 // SAFETY: `xq[t]` holds `32 · nb` activations (checked above) and `b < nb`.
                 let l = unsafe { int_dot::<MODE>(w, xq[t], b, xc[t], k6) };
@@ -816,7 +818,7 @@ pub(in crate::kernels) fn rows(m: &QMatrix, x: &Activations, out: OutPtr, rows: 
     };
     let few = x.n_tokens <= small::MAX;
     // Only the buffered path keeps the group's repacking.
-    let mut g = Group::new(if few { 0 } else { m.nb });
+    let mut g = Group::new(if few { 0 } else { m.nb }, mode == K6);
     for r0 in rows.step_by(G) {
         // The next group's rows.
         let next = (r0 + G) * m.row_bytes..((r0 + 2 * G).min(m.rows)) * m.row_bytes;

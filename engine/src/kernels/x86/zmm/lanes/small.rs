@@ -14,7 +14,7 @@ use super::super::super::super::kquant::{K4_QS, K5_QH, K5_QS};
 use super::super::super::super::{QK, QK_K};
 use super::{
     int_dot, k45_scales16, k6_scales16, quads, quads4, quant_ptrs, walk, write_sums, Blk, Fetch,
-    Pass, QMatrix, Scales, Unit, WeightType, G, K6, K6_BYTES, OFFSET, SIGNED,
+    Pass, QMatrix, Scales, Unit, WeightType, G, K6, OFFSET, SIGNED,
 };
 
 /// The most tokens this path takes (beyond, the buffered path reuses each group's repacking
