@@ -303,7 +303,9 @@ pub fn bench_engine(args: BenchArgs) -> anyhow::Result<()> {
     let longest = args.context.iter().copied().max().unwrap_or(0);
     let batch = args.batches.iter().copied().max().unwrap_or(1);
     let blocks = per_seq(longest.max(args.prompt_tokens)).max(batch * per_seq(16));
-    let block_bytes = loaded.model.kv_layout(bs, args.kv_dtype).block_bytes();
+    let layout = loaded.model.kv_layout(bs, args.kv_dtype);
+    layout.check()?;
+    let block_bytes = layout.block_bytes();
     let engine = engine(&loaded, args.kv_dtype, blocks);
     let p = prompt(&loaded, 0, args.prompt_tokens);
     let repeat = args.repeat.max(1);

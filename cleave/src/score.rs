@@ -33,6 +33,8 @@ pub fn score(args: ScoreArgs) -> anyhow::Result<()> {
         .with_context(|| format!("reading {}", args.file.display()))?;
     let loaded = crate::load::load(&args.model)?;
     let tokens = loaded.tokenizer.encode(&text, false);
+    let bs = cleave_engine::kv::DEFAULT_BLOCK_SIZE;
+    loaded.model.kv_layout(bs, args.kv_dtype).check()?;
     anyhow::ensure!(
         tokens.len() >= 2,
         "{} has fewer than 2 tokens",

@@ -7,14 +7,20 @@ use crate::common;
 use cleave_engine::engine::{
     Engine, EngineConfig, FinishReason, GenerateRequest, PrefillMode, SeqEvent,
 };
+use cleave_engine::kv::memory::KvDtype;
 use cleave_engine::sample::SamplingParams;
 use cleave_engine::schedule::SchedulerConfig;
 use common::{disaggregated, settle, tokens_of};
 
 fn engine(step_tokens: usize) -> Engine {
+    engine_kv(step_tokens, KvDtype::F32)
+}
+
+fn engine_kv(step_tokens: usize, kv_dtype: KvDtype) -> Engine {
     let (m, t) = common::model_and_tokenizer();
     let config = EngineConfig {
         num_blocks: 128,
+        kv_dtype,
         scheduler: SchedulerConfig {
             step_tokens,
             ..Default::default()
@@ -34,6 +40,14 @@ fn greedy(n: usize) -> SamplingParams {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prefill_here_decode_there_equals_one_engine() {
+    for dtype in KvDtype::ALL {
+        disaggregate_with(dtype).await;
+    }
+}
+
+/// The blocks travel as bytes in the pool's own element type (quantized ones unchanged), so
+/// the tokens equal one engine's with the same type.
+async fn disaggregate_with(dtype: KvDtype) {
     let tok = &common::loaded().tokenizer;
     let long = "Licensed under the Apache License, Version 2.0 (the \"License\"); you may not use this file except in compliance with the License. ".repeat(4);
     let prompts = [
@@ -41,8 +55,8 @@ async fn prefill_here_decode_there_equals_one_engine() {
         // Longer than a prefill chunk (step budget 32 tokens below).
         tok.encode(&long, false),
     ];
-    let single = engine(32);
-    let (p, d) = (engine(32), engine(32));
+    let single = engine_kv(32, dtype);
+    let (p, d) = (engine_kv(32, dtype), engine_kv(32, dtype));
     for prompt in &prompts {
         let (want, _) = tokens_of(
             single
@@ -55,7 +69,7 @@ async fn prefill_here_decode_there_equals_one_engine() {
         assert_eq!(
             got,
             want,
-            "disaggregated output differs for a {}-token prompt",
+            "{dtype:?}: disaggregated output differs for a {}-token prompt",
             prompt.len()
         );
         assert_eq!(copied, prompt.len().div_ceil(16));

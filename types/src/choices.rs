@@ -14,26 +14,46 @@ pub enum KvDtype {
     F32,
     /// 2 bytes per element, half the memory (llama.cpp's default).
     F16,
+    /// llama.cpp's Q8_0: blocks of 32 elements, each an f16 scale and 32 signed bytes (34 bytes,
+    /// 8.5 bits per element); needs a head size that is a multiple of 32.
+    #[serde(rename = "q8_0")]
+    #[cfg_attr(feature = "clap", value(name = "q8_0"))]
+    Q8_0,
 }
 
 impl KvDtype {
     /// Every value.
-    pub const ALL: [KvDtype; 2] = [KvDtype::F32, KvDtype::F16];
+    pub const ALL: [KvDtype; 3] = [KvDtype::F32, KvDtype::F16, KvDtype::Q8_0];
 
-    /// The flag value (`f32`, `f16`).
+    /// The flag value (`f32`, `f16`, `q8_0`).
     pub fn as_str(self) -> &'static str {
         match self {
             KvDtype::F32 => "f32",
             KvDtype::F16 => "f16",
+            KvDtype::Q8_0 => "q8_0",
         }
     }
 
-    /// Bytes per element.
-    pub fn size(self) -> usize {
+    /// Elements per stored unit: a row of keys or values is a whole number of units.
+    pub fn unit_elems(self) -> usize {
+        match self {
+            KvDtype::F32 | KvDtype::F16 => 1,
+            KvDtype::Q8_0 => 32,
+        }
+    }
+
+    /// Bytes per stored unit.
+    pub fn unit_bytes(self) -> usize {
         match self {
             KvDtype::F32 => 4,
             KvDtype::F16 => 2,
+            KvDtype::Q8_0 => 34,
         }
+    }
+
+    /// Bytes of a row of `elems` elements (a multiple of [`KvDtype::unit_elems`]).
+    pub fn row_bytes(self, elems: usize) -> usize {
+        elems / self.unit_elems() * self.unit_bytes()
     }
 }
 
@@ -41,7 +61,7 @@ impl FromStr for KvDtype {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         lookup(&KvDtype::ALL, KvDtype::as_str, s)
-            .ok_or_else(|| format!("unknown KV dtype {s:?} (expected f32 or f16)"))
+            .ok_or_else(|| format!("unknown KV dtype {s:?} (expected f32, f16 or q8_0)"))
     }
 }
 
@@ -139,7 +159,9 @@ mod tests {
     #[test]
     fn choices_parse_their_flag_values_and_name_the_bad_one() {
         assert_eq!("f16".parse::<KvDtype>(), Ok(KvDtype::F16));
-        assert_eq!(KvDtype::F16.size(), 2);
+        assert_eq!(KvDtype::F16.row_bytes(64), 128);
+        assert_eq!("q8_0".parse::<KvDtype>(), Ok(KvDtype::Q8_0));
+        assert_eq!(KvDtype::Q8_0.row_bytes(64), 68);
         assert!("bf16".parse::<KvDtype>().unwrap_err().contains("\"bf16\""));
         assert_eq!("tcp".parse::<KvBackendChoice>(), Ok(KvBackendChoice::Tcp));
         assert!("rdma"

@@ -2,7 +2,7 @@
 //! region directly, following each sequence's block table.
 
 use crate::kernels::Threads;
-use crate::kv::memory::{KvCache, KvDtype, KvElem, KvLayout};
+use crate::kv::memory::{KvCache, KvDtype, KvElem, KvLayout, Q8Block};
 use crate::kv::BlockId;
 
 #[cfg(target_arch = "x86_64")]
@@ -22,6 +22,7 @@ pub fn write_kv(cache: &mut KvCache, layer: usize, slots: &[TokenSlot], k: &[f32
     match cache.layout().dtype {
         KvDtype::F32 => write_typed::<f32>(cache, layer, slots, k, v),
         KvDtype::F16 => write_typed::<half::f16>(cache, layer, slots, k, v),
+        KvDtype::Q8_0 => write_typed::<Q8Block>(cache, layer, slots, k, v),
     }
 }
 
@@ -33,16 +34,14 @@ fn write_typed<T: KvElem>(
     v: &[f32],
 ) {
     let layout = *cache.layout();
-    let n = layout.token_elems();
+    let (n, units) = (layout.token_elems(), layout.token_units());
     let mem = cache.elems_mut::<T>();
     for (t, s) in slots.iter().enumerate() {
         let block = s.blocks[s.pos / layout.block_size].0 as usize;
         let slot = s.pos % layout.block_size;
         for (value, src) in [(false, k), (true, v)] {
             let off = layout.offset(block, layer, value, slot);
-            for (d, x) in mem[off..off + n].iter_mut().zip(&src[t * n..(t + 1) * n]) {
-                *d = T::store(*x);
-            }
+            T::store_row(&src[t * n..(t + 1) * n], &mut mem[off..off + units]);
         }
     }
 }
@@ -87,7 +86,7 @@ pub struct AttnScratch {
 struct Part {
     scores: Vec<f32>,
     acc: Vec<f32>,
-    /// (key, value) element offsets of the positions a kv head attends to.
+    /// (key, value) unit offsets of the positions a kv head attends to.
     rows: Vec<(usize, usize)>,
 }
 
@@ -160,7 +159,7 @@ struct Group<'a> {
 }
 
 impl Attend<'_> {
-    /// The pool as elements of `T`.
+    /// The pool as units of `T`.
     #[inline(always)]
     fn mem<T: KvElem>(&self) -> &[T] {
         bytemuck::cast_slice(self.region)
@@ -205,6 +204,7 @@ impl Attend<'_> {
                 match self.layout.dtype {
                     KvDtype::F32 => avx2::attend::<f32>(self, items.clone(), out, part),
                     KvDtype::F16 => avx2::attend::<half::f16>(self, items.clone(), out, part),
+                    KvDtype::Q8_0 => avx2::attend::<Q8Block>(self, items.clone(), out, part),
                 }
             };
             if !done {
@@ -253,8 +253,8 @@ impl Attend<'_> {
     }
 }
 
-/// Into `rows`: the element offsets of the key and value rows of kv head `g` at `positions` of
-/// sequence `s` in `layer`, each checked to lie in a pool of `pool_len` elements (the AVX2
+/// Into `rows`: the unit offsets of the key and value rows of kv head `g` at `positions` of
+/// sequence `s` in `layer`, each checked to lie in a pool of `pool_len` units (the AVX2
 /// kernels load them unchecked).
 #[inline(always)]
 fn kv_rows(
@@ -266,7 +266,7 @@ fn kv_rows(
     pool_len: usize,
     rows: &mut Vec<(usize, usize)>,
 ) {
-    let (hd, bs) = (layout.head_dim, layout.block_size);
+    let (hd, bs) = (layout.head_units(), layout.block_size);
     rows.clear();
     for p in positions {
         let (block, slot) = (s.blocks[p / bs].0 as usize, p % bs);
@@ -303,32 +303,41 @@ fn attend_any(a: &Attend<'_>, items: std::ops::Range<usize>, out: &mut [f32], pa
     match a.layout.dtype {
         KvDtype::F32 => attend_typed::<f32>(a, items, out, part),
         KvDtype::F16 => attend_typed::<half::f16>(a, items, out, part),
+        KvDtype::Q8_0 => attend_typed::<Q8Block>(a, items, out, part),
     }
 }
 
+/// `Σ a·b` over a row of `a.len()` elements.
 #[inline(always)]
 fn dot<T: KvElem>(a: &[f32], b: &[T]) -> f32 {
     // Eight independent partial sums over exact chunks: vectorises, and the order is fixed.
     let mut acc = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
+    let whole = a.len() / 8;
+    for (c, x) in a.chunks_exact(8).enumerate() {
+        let y = T::chunk8(b, c);
         for l in 0..8 {
-            acc[l] += x[l] * y[l].load();
+            acc[l] += x[l] * y[l];
         }
     }
     let mut s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (x, y) in ra.iter().zip(rb) {
-        s += x * y.load();
+    for (i, x) in a.iter().enumerate().skip(8 * whole) {
+        s += x * T::get(b, i);
     }
     s
 }
 
-/// `acc += w * v`.
+/// `acc += w * v` over a row of `acc.len()` elements.
 #[inline(always)]
 fn axpy<T: KvElem>(acc: &mut [f32], w: f32, v: &[T]) {
-    for (a, x) in acc.iter_mut().zip(v) {
-        *a += w * x.load();
+    let whole = acc.len() / 8;
+    for (c, a) in acc.chunks_exact_mut(8).enumerate() {
+        let x = T::chunk8(v, c);
+        for l in 0..8 {
+            a[l] += w * x[l];
+        }
+    }
+    for (i, a) in acc.iter_mut().enumerate().skip(8 * whole) {
+        *a += w * T::get(v, i);
     }
 }
 
@@ -339,7 +348,7 @@ fn attend_typed<T: KvElem>(
     out: &mut [f32],
     part: &mut Part,
 ) {
-    let hd = a.layout.head_dim;
+    let (hd, hu) = (a.layout.head_dim, a.layout.head_units());
     let group = a.n_heads / a.layout.n_kv_heads;
     let (scale, softcap) = (a.params.scale, a.params.softcap);
     let mem = a.mem::<T>();
@@ -347,7 +356,7 @@ fn attend_typed<T: KvElem>(
         let n = gr.n;
         // scores[h * n + j] for the `group` query heads sharing the kv head.
         for (j, &(k, _)) in scratch.rows.iter().enumerate() {
-            let k = &mem[k..k + hd];
+            let k = &mem[k..k + hu];
             for h in 0..group {
                 scratch.scores[h * n + j] = dot(&gr.q[h * hd..(h + 1) * hd], k) * scale;
             }
@@ -358,7 +367,7 @@ fn attend_typed<T: KvElem>(
         scratch.acc.clear();
         scratch.acc.resize(group * hd, 0.0);
         for (j, &(_, v)) in scratch.rows.iter().enumerate() {
-            let v = &mem[v..v + hd];
+            let v = &mem[v..v + hu];
             for h in 0..group {
                 let w = scratch.scores[h * n + j];
                 axpy(&mut scratch.acc[h * hd..(h + 1) * hd], w, v);
@@ -425,11 +434,11 @@ mod tests {
             .collect()
     }
 
-    fn layout(dtype: KvDtype) -> KvLayout {
+    fn layout(dtype: KvDtype, head_dim: usize) -> KvLayout {
         KvLayout {
             n_layers: 2,
             n_kv_heads: 2,
-            head_dim: 8,
+            head_dim,
             block_size: 4,
             dtype,
         }
@@ -475,8 +484,9 @@ mod tests {
 
     #[test]
     fn paged_attention_matches_dense_over_scattered_blocks() {
-        for dtype in [KvDtype::F32, KvDtype::F16] {
-            let lay = layout(dtype);
+        // Q8_0 stores blocks of 32 elements: its heads are 32 wide.
+        for (dtype, hd) in [(KvDtype::F32, 8), (KvDtype::F16, 8), (KvDtype::Q8_0, 32)] {
+            let lay = layout(dtype, hd);
             let mut cache = KvCache::on_heap(lay, 8);
             // A sequence of 10 tokens in non-contiguous blocks 5, 1, 6.
             let blocks = [BlockId(5), BlockId(1), BlockId(6)];
@@ -496,14 +506,19 @@ mod tests {
                 write_kv(&mut cache, 1, &slot, &ks[p], &vs[p]);
             }
             let n_heads = 4;
-            let q: Vec<f32> = (0..n_heads * 8)
+            let q: Vec<f32> = (0..n_heads * hd)
                 .map(|i| (i % 5) as f32 * 0.3 - 0.6)
                 .collect();
             let slot = [TokenSlot {
                 pos: 9,
                 blocks: &blocks,
             }];
-            let tol = if dtype == KvDtype::F32 { 1e-5 } else { 5e-3 };
+            // Q8_0's step is 1/127 of a block's largest element (0.7 here).
+            let tol = match dtype {
+                KvDtype::F32 => 1e-5,
+                KvDtype::F16 => 5e-3,
+                KvDtype::Q8_0 => 2e-2,
+            };
             // Plain causal attention, then a window of 6 (positions 4..=9, across blocks 1
             // and 6) with soft-capped scores at a scale of its own.
             let windowed = AttnParams {
@@ -511,8 +526,8 @@ mod tests {
                 softcap: Some(0.5),
                 window: Some(6),
             };
-            for (params, lo, cap) in [(AttnParams::plain(8), 0, None), (windowed, 4, Some(0.5))] {
-                let mut out = vec![0.0; n_heads * 8];
+            for (params, lo, cap) in [(AttnParams::plain(hd), 0, None), (windowed, 4, Some(0.5))] {
+                let mut out = vec![0.0; n_heads * hd];
                 attend(
                     &cache,
                     1,
@@ -528,7 +543,7 @@ mod tests {
                     &q,
                     (&ks[lo..], &vs[lo..]),
                     n_heads,
-                    (8, 2),
+                    (hd, 2),
                     (params.scale as f64, cap),
                 );
                 for (a, b) in out.iter().zip(&want) {
@@ -538,12 +553,12 @@ mod tests {
         }
     }
 
-    /// The SIMD path (F32 and F16 caches, head_dim 32/64/128 on AVX2 machines) gives the same
+    /// The SIMD path (F32, F16 and Q8_0 caches, head_dim 32/64/128 on AVX2 machines) gives the same
     /// bits as the portable code, for several context lengths (partial blocks, tails of < 4
     /// positions).
     #[test]
     fn simd_attention_is_bit_identical_to_portable() {
-        let cases = [32, 64, 128].map(|hd| [(hd, KvDtype::F32), (hd, KvDtype::F16)]);
+        let cases = [32, 64, 128].map(|hd| KvDtype::ALL.map(|d| (hd, d)));
         for (hd, dtype) in cases.into_iter().flatten() {
             let lay = KvLayout {
                 n_layers: 2,
@@ -609,10 +624,10 @@ mod tests {
 
     /// Attention split over threads gives the bits of one thread, for a prefill-like batch (one
     /// sequence's 40 consecutive tokens) and a decode-like batch of one token at a context long
-    /// enough to be split, on both cache types.
+    /// enough to be split, on every cache type.
     #[test]
     fn threaded_attention_is_bit_identical_to_one_thread() {
-        for dtype in [KvDtype::F32, KvDtype::F16] {
+        for dtype in KvDtype::ALL {
             let lay = KvLayout {
                 n_layers: 1,
                 n_kv_heads: 2,

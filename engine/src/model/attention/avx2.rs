@@ -1,5 +1,6 @@
-//! AVX2 attention over an F32 or F16 KV cache with `head_dim = 8·CH`: the same float
-//! operations (an f16 element widened exactly by F16C, as `half` widens it), in
+//! AVX2 attention over an F32, F16 or Q8_0 KV cache with `head_dim = 8·CH`: the same float
+//! operations (an f16 element widened exactly by F16C, as `half` widens it; a Q8_0 element as
+//! `f32(q) · d`, one rounding, as `KvElem::chunk8` computes it), in
 //! the same order, as the portable `attend_typed` (eight-lane `acc + q·k` partial sums reduced as
 //! `((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))`, then `acc + w·v` per position in order),
 //! so results are bit-identical; only the code shape differs: a head's query and output rows stay
@@ -10,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{normalize, Attend, KvElem, Part};
+use super::{normalize, Attend, KvElem, Part, Q8Block};
 
 /// `[hsum(a), hsum(b), hsum(c), hsum(d)]`, each `((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 +
 /// v7))`.
@@ -32,29 +33,44 @@ unsafe fn load(p: *const f32) -> __m256 {
     unsafe { _mm256_loadu_ps(p) }
 }
 
-/// A KV element type whose rows the kernel reads eight at a time as f32s.
+/// A KV unit type whose rows the kernel reads eight elements at a time as f32s.
 pub(super) trait Lanes: KvElem {
-    /// The 8 elements at `p`, widened to f32 exactly.
+    /// Elements `8c .. 8c + 8` of the row at `row`, widened to f32 as [`KvElem::chunk8`] does.
     ///
     /// # Safety
-    /// `p` must point to 8 readable elements, and the CPU must have AVX2 and F16C (the
-    /// function is inlined into the kernel, whose features these are).
-    unsafe fn load8(p: *const Self) -> __m256;
+    /// The row at `row` must hold `8c + 8` readable elements, and the CPU must have AVX2 and
+    /// F16C (the function is inlined into the kernel, whose features these are).
+    unsafe fn load8(row: *const Self, c: usize) -> __m256;
 }
 
 impl Lanes for f32 {
     #[inline(always)]
-    unsafe fn load8(p: *const f32) -> __m256 {
+    unsafe fn load8(row: *const f32, c: usize) -> __m256 {
         // SAFETY: guaranteed by the caller.
-        unsafe { load(p) }
+        unsafe { load(row.add(8 * c)) }
     }
 }
 
 impl Lanes for half::f16 {
     #[inline(always)]
-    unsafe fn load8(p: *const half::f16) -> __m256 {
+    unsafe fn load8(row: *const half::f16, c: usize) -> __m256 {
         // SAFETY: 16 readable bytes and F16C, guaranteed by the caller; unaligned load.
-        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(row.add(8 * c).cast())) }
+    }
+}
+
+impl Lanes for Q8Block {
+    #[inline(always)]
+    unsafe fn load8(row: *const Q8Block, c: usize) -> __m256 {
+        // SAFETY: block `c / 4` is readable (guaranteed by the caller); its 8 quants at
+        // `8·(c % 4)` lie inside it; unaligned loads; F16C guaranteed by the caller.
+        unsafe {
+            let b = row.add(c / 4);
+            let d = _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(u16::from_le_bytes((*b).d))));
+            let q = _mm_loadl_epi64((*b).qs.as_ptr().add(8 * (c % 4)).cast());
+            let q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+            _mm256_mul_ps(q, _mm256_broadcastss_ps(d))
+        }
     }
 }
 
@@ -68,7 +84,7 @@ unsafe fn partial<T: Lanes, const CH: usize>(q: &[__m256; CH], k: *const T) -> _
     let mut acc = _mm256_setzero_ps();
     for (c, q) in q.iter().enumerate() {
         // SAFETY: `8·c + 8 <= 8·CH`.
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(*q, unsafe { T::load8(k.add(8 * c)) }));
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(*q, unsafe { T::load8(k, c) }));
     }
     acc
 }
@@ -167,7 +183,7 @@ fn attend_kv<T: Lanes, const CH: usize>(
                     let v = mem.as_ptr().wrapping_add(v);
                     for (c, a) in acc.iter_mut().enumerate() {
                         // SAFETY: the value row offset was checked against `mem` above.
-                        let x = unsafe { T::load8(v.add(8 * c)) };
+                        let x = unsafe { T::load8(v, c) };
                         *a = _mm256_add_ps(*a, _mm256_mul_ps(w, x));
                     }
                 }

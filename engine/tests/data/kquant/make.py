@@ -24,7 +24,6 @@ import sys
 import tempfile
 
 import numpy as np
-from gguf import GGUFReader
 
 import llama_cpp
 
@@ -50,6 +49,8 @@ def llama_quantize(src, dst, ftype):
 
 
 def tensors(path):
+    from gguf import GGUFReader  # here, so that ../kv/make.py can import measure without it
+
     r = GGUFReader(path)
     return {t.name: (t.tensor_type.name, np.asarray(t.data).view(np.uint8).tobytes()) for t in r.tensors}, r
 
@@ -59,9 +60,11 @@ def ggml_name(t):
     return t.lower().replace("_k", "_K")
 
 
-def measure(path, tokens):
+def measure(path, tokens, **kw):
+    """llama.cpp's perplexity and next-token argmaxes on `tokens` (keyword arguments go to
+    llama_cpp.Llama: the KV cache's types, for one)."""
     llm = llama_cpp.Llama(model_path=path, n_ctx=2048, n_batch=2048, n_ubatch=2048, n_threads=1,
-                          logits_all=True, verbose=False)
+                          logits_all=True, verbose=False, **kw)
     llm.reset()
     llm.eval(tokens)
     logits = np.array(llm.scores[: len(tokens)], dtype=np.float64)
