@@ -50,6 +50,10 @@ pub struct UpArgs {
     /// (`4GiB`, `512MiB`).
     #[arg(long, default_value = "auto")]
     pub kv_memory: cleave_config::kv_pool::KvMemory,
+    /// The element type of every worker's KV cache (prefill and decode must agree: the blocks
+    /// move between them as bytes).
+    #[arg(long, value_enum, default_value = "f32")]
+    pub kv_dtype: cleave_types::choices::KvDtype,
     /// Compute threads per worker.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
@@ -258,6 +262,8 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
             &model,
             "--kv-memory",
             &args.kv_memory.to_string(),
+            "--kv-dtype",
+            args.kv_dtype.as_str(),
             "--threads",
             &args.threads.to_string(),
             "--transport",

@@ -94,6 +94,11 @@ pub struct ModelSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 131072))]
     pub chat_template: Option<String>,
+    /// The element type of both pools' KV caches (`--kv-dtype`; unset: the workers' default,
+    /// f32). `q8_0` stores 8.5 bits per element, as llama.cpp's `-ctk q8_0 -ctv q8_0`, and needs
+    /// a head size that is a multiple of 32 (a worker refuses the model otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_dtype: Option<KvCacheDtype>,
     /// Weights file format (the engine reads GGUF).
     #[serde(default)]
     pub format: ModelFormat,
@@ -375,6 +380,31 @@ pub struct KvTransferSpec {
     /// UCX settings (used by the ucx backend, and by auto when UCX is available).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ucx: Option<UcxSpec>,
+}
+
+/// The element type of stored keys and values.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, JsonSchema, PartialEq, Eq)]
+pub enum KvCacheDtype {
+    /// 4 bytes per element.
+    #[serde(rename = "f32")]
+    F32,
+    /// 2 bytes per element.
+    #[serde(rename = "f16")]
+    F16,
+    /// Blocks of 32 elements in 34 bytes.
+    #[serde(rename = "q8_0")]
+    Q8_0,
+}
+
+impl KvCacheDtype {
+    /// The workers' flag value.
+    pub fn as_flag(self) -> &'static str {
+        match self {
+            KvCacheDtype::F32 => "f32",
+            KvCacheDtype::F16 => "f16",
+            KvCacheDtype::Q8_0 => "q8_0",
+        }
+    }
 }
 
 /// KV transport.

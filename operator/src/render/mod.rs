@@ -129,6 +129,9 @@ fn worker_config(
     if let Some(m) = &pool.kv_memory {
         settings.push(("kv_memory", m.clone()));
     }
+    if let Some(d) = isvc.spec.model.kv_dtype {
+        settings.push(("kv_dtype", d.as_flag().to_string()));
+    }
     settings.extend(internal_tls_settings(isvc));
     let (mut env, _) = config::worker_env(&settings).map_err(RenderError::settings(c.as_str()))?;
     // UCX's default crash handler prints a backtrace from inside the signal handler, which

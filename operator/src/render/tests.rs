@@ -120,6 +120,7 @@ fn config_maps_hold_the_binaries_settings() {
     s.prefill.kv_memory = Some("4Gi".into());
     s.router.queue_timeout_seconds = Some(3);
     s.model.chat_template = Some("gemma".into());
+    s.model.kv_dtype = Some(crate::crd::KvCacheDtype::Q8_0);
     s.router.api_key_secret = Some(SecretKeyRef {
         name: "keys".into(),
         key: "list".into(),
@@ -142,6 +143,9 @@ fn config_maps_hold_the_binaries_settings() {
         "unset: the workers' auto"
     );
     assert_eq!(cm("chat-prefill")["CLEAVE_KV_MEMORY"], "4Gi");
+    // Both pools store KV in the one type (their blocks move between them as bytes).
+    assert_eq!(dec["CLEAVE_KV_DTYPE"], "q8_0");
+    assert_eq!(cm("chat-prefill")["CLEAVE_KV_DTYPE"], "q8_0");
     assert_eq!(dec["CLEAVE_GRPC_ADDR"], "0.0.0.0:50051");
     assert_eq!(dec["UCX_HANDLE_ERRORS"], "none");
     assert!(!cm("chat-prefill").contains_key("CLEAVE_KV_BLOCKS"));
