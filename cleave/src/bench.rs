@@ -38,7 +38,7 @@ pub struct BenchArgs {
     /// follows (batch 1), e.g. `512,8192,32768`; none by default.
     #[arg(long, value_delimiter = ',')]
     pub context: Vec<usize>,
-    /// KV cache element type (llama.cpp is measured with f16, its default).
+    /// KV cache element type (llama.cpp is measured with the same type: `-ctk/-ctv`).
     #[arg(long, value_enum, default_value = "f32")]
     pub kv_dtype: cleave_types::choices::KvDtype,
     /// Skip llama.cpp even if llama-cpp-python is installed.
@@ -180,9 +180,11 @@ path, threads, gen = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 data = json.loads(sys.stdin.read())
 prompt, contexts = data["prompt"], data["contexts"]
 n_ctx = max([2048] + [len(c) + gen + 64 for c in contexts])
-# Flash attention on and an f16 KV cache, as llama.cpp is usually run.
+# Flash attention on, as llama.cpp is usually run (and as it needs for a quantized V cache); the
+# KV cache in the ggml type cleave is measured with.
+kv = int(sys.argv[5])
 llm = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
-            n_ubatch=512, flash_attn=True, type_k=1, type_v=1, verbose=False)
+            n_ubatch=512, flash_attn=True, type_k=kv, type_v=kv, verbose=False)
 def greedy():
     # The last token's logits (Llama.scores holds only n_batch rows without logits_all).
     p = llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1)
@@ -217,7 +219,15 @@ fn llama_cpp(
     contexts: &[Vec<u32>],
     gen: usize,
     repeat: usize,
+    kv: cleave_types::choices::KvDtype,
 ) -> Result<LlamaCpp, String> {
+    use cleave_types::choices::KvDtype;
+    // ggml's type ids.
+    let ggml_type = match kv {
+        KvDtype::F32 => 0,
+        KvDtype::F16 => 1,
+        KvDtype::Q8_0 => 8,
+    };
     let probe = Command::new("python3")
         .args(["-c", "import llama_cpp"])
         .output()
@@ -238,6 +248,7 @@ fn llama_cpp(
             &threads.to_string(),
             &gen.to_string(),
             &repeat.to_string(),
+            &ggml_type.to_string(),
         ])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -355,6 +366,7 @@ pub fn bench_engine(args: BenchArgs) -> anyhow::Result<()> {
                 .collect::<Vec<_>>(),
             args.gen_tokens,
             repeat,
+            args.kv_dtype,
         )
     };
     let (llama, llama_missing) = match llama {
