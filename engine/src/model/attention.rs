@@ -88,6 +88,9 @@ struct Part {
     acc: Vec<f32>,
     /// (key, value) unit offsets of the positions a kv head attends to.
     rows: Vec<(usize, usize)>,
+    /// One span's key (or value) rows widened to f32, for the heads of a group to share (the
+    /// AVX2 kernel over an F16 or Q8_0 cache).
+    wide: Vec<f32>,
 }
 
 /// Fewer (position × query head) pairs than this in a whole call run on the calling thread: a
@@ -436,14 +439,8 @@ fn exp_nonpositive(x: f32) -> f32 {
     const LN2_LO: f32 = -2.121_944_4e-4;
     // 2^23 + 127: adding it leaves n + 127 in a float's low mantissa bits.
     const BIAS: f32 = 8_388_735.0;
-    // Comparisons, not `min`/`max`, so that NaN passes through.
-    let xc = if x < -87.0 {
-        -87.0
-    } else if x > 0.0 {
-        0.0
-    } else {
-        x
-    };
+    // `clamp` keeps NaN.
+    let xc = x.clamp(-87.0, 0.0);
     let n = (xc * std::f32::consts::LOG2_E + 0.5).floor();
     let r = xc - n * LN2_HI;
     let r = r - n * LN2_LO;
@@ -453,7 +450,7 @@ fn exp_nonpositive(x: f32) -> f32 {
         8.333_452e-3,
         4.166_579_6e-2,
         1.666_666_5e-1,
-        5.000_000_1e-1,
+        0.5,
     ] {
         p = p * r + c;
     }

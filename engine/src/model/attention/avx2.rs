@@ -7,7 +7,8 @@
 //! in registers across a span of positions instead of being loaded and stored for every one,
 //! four positions' dot products are reduced together, and the positions are taken in spans whose
 //! key and value rows fit in L1, so that the query heads sharing a kv head read them from
-//! memory once, not once per head.
+//! memory once, not once per head — and an F16 or Q8_0 span is widened to f32 once, into a
+//! scratch row block the heads then read.
 
 use std::arch::x86_64::*;
 
@@ -35,6 +36,8 @@ unsafe fn load(p: *const f32) -> __m256 {
 
 /// A KV unit type whose rows the kernel reads eight elements at a time as f32s.
 pub(super) trait Lanes: KvElem {
+    /// Whether rows must be widened to be read as f32s (all but an f32 cache).
+    const WIDEN: bool = true;
     /// Elements `8c .. 8c + 8` of the row at `row`, widened to f32 as [`KvElem::chunk8`] does.
     ///
     /// # Safety
@@ -44,6 +47,7 @@ pub(super) trait Lanes: KvElem {
 }
 
 impl Lanes for f32 {
+    const WIDEN: bool = false;
     #[inline(always)]
     unsafe fn load8(row: *const f32, c: usize) -> __m256 {
         // SAFETY: guaranteed by the caller.
@@ -89,6 +93,47 @@ unsafe fn partial<T: Lanes, const CH: usize>(q: &[__m256; CH], k: *const T) -> _
     acc
 }
 
+/// Into `ptrs`: where the key (`value == false`) or value rows at `rows` can be read as `8·CH`
+/// f32s — the cache's own rows for an F32 cache; else each row widened once into `wide`, so
+/// that the query heads of a group do not widen it once each.
+///
+/// # Safety
+/// Every offset of `rows` must leave `8·CH` elements readable in `mem`; `ptrs` must be at least
+/// `rows.len()` long. The pointers are valid until `wide` changes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn f32_rows<T: Lanes, const CH: usize>(
+    mem: &[T],
+    rows: &[(usize, usize)],
+    value: bool,
+    wide: &mut Vec<f32>,
+    ptrs: &mut [*const f32],
+) {
+    let at = |r: &(usize, usize)| mem.as_ptr().wrapping_add(if value { r.1 } else { r.0 });
+    if !T::WIDEN {
+        for (p, r) in ptrs.iter_mut().zip(rows) {
+            // An F32 cache: `T` is f32.
+            *p = at(r).cast();
+        }
+        return;
+    }
+    let hd = 8 * CH;
+    if wide.len() < rows.len() * hd {
+        wide.resize(rows.len() * hd, 0.0);
+    }
+    for (i, r) in rows.iter().enumerate() {
+        let dst = wide[i * hd..(i + 1) * hd].as_mut_ptr();
+        for c in 0..CH {
+            // SAFETY: the row holds `8·CH` elements (the caller's promise); `dst` holds `8·CH`
+            // f32s; unaligned store.
+            unsafe { _mm256_storeu_ps(dst.add(8 * c), T::load8(at(r), c)) };
+        }
+    }
+    for (i, p) in ptrs.iter_mut().take(rows.len()).enumerate() {
+        *p = wide.as_ptr().wrapping_add(i * hd);
+    }
+}
+
 /// The span kernel for the head size of `a`, if it has one (32, 64 or 128): false when the
 /// caller must use the portable code.
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -120,15 +165,28 @@ fn attend_kv<T: Lanes, const CH: usize>(
     let group = a.n_heads / a.layout.n_kv_heads;
     let (scale, softcap) = (a.params.scale, a.params.softcap);
     let mem = a.mem::<T>();
-    // Positions per span: the span's key (or value) rows take 16 KiB (8 KiB of f16), so they
-    // stay in L1 while every query head of the group goes over them (one pass from L2/L3
-    // instead of `group`).
+    // Positions per span: the span's key (or value) rows take 16 KiB as f32s, so they stay in
+    // L1 while every query head of the group goes over them (one pass from L2/L3, and one
+    // widening of an F16 or Q8_0 row, instead of `group`).
     let span = (512 / CH).max(4);
+    // Where each position of the span's rows can be read as f32s.
+    let mut ptrs = [std::ptr::null::<f32>(); 128];
+    assert!(span <= ptrs.len());
     a.each_group::<T>(items, out, part, |gr, scratch| {
         // Positions attended to (the whole causal prefix, or the window).
         let ctx = gr.n;
         for s0 in (0..ctx).step_by(span) {
             let end = (s0 + span).min(ctx);
+            // SAFETY: every row offset was checked against `mem` (`each_group`).
+            unsafe {
+                f32_rows::<T, CH>(
+                    mem,
+                    &scratch.rows[s0..end],
+                    false,
+                    &mut scratch.wide,
+                    &mut ptrs,
+                )
+            };
             for h in 0..group {
                 let qh = &gr.q[h * hd..(h + 1) * hd];
                 let mut qv = [_mm256_setzero_ps(); CH];
@@ -140,10 +198,10 @@ fn attend_kv<T: Lanes, const CH: usize>(
                 let row = &mut scratch.scores[h * ctx..(h + 1) * ctx];
                 let mut j = s0;
                 while j + 4 <= end {
-                    let r = &scratch.rows[j..j + 4];
-                    // SAFETY: every row offset was checked against `mem` above.
+                    let r = &ptrs[j - s0..j - s0 + 4];
+                    // SAFETY: each pointer reads `8·CH` f32s (`f32_rows`).
                     let v = unsafe {
-                        let p = |i: usize| partial::<T, CH>(qh, mem.as_ptr().add(r[i].0));
+                        let p = |i: usize| partial::<f32, CH>(qh, r[i]);
                         hsum4(p(0), p(1), p(2), p(3))
                     };
                     let v = _mm_mul_ps(v, _mm_set1_ps(scale));
@@ -152,9 +210,8 @@ fn attend_kv<T: Lanes, const CH: usize>(
                     j += 4;
                 }
                 while j < end {
-                    let k = mem.as_ptr().wrapping_add(scratch.rows[j].0);
                     // SAFETY: as above.
-                    let p = unsafe { partial::<T, CH>(qh, k) };
+                    let p = unsafe { partial::<f32, CH>(qh, ptrs[j - s0]) };
                     let z = _mm256_setzero_ps();
                     row[j] = _mm_cvtss_f32(hsum4(p, z, z, z)) * scale;
                     j += 1;
@@ -170,6 +227,16 @@ fn attend_kv<T: Lanes, const CH: usize>(
         scratch.acc.resize(group * hd, 0.0);
         for s0 in (0..ctx).step_by(span) {
             let end = (s0 + span).min(ctx);
+            // SAFETY: as above.
+            unsafe {
+                f32_rows::<T, CH>(
+                    mem,
+                    &scratch.rows[s0..end],
+                    true,
+                    &mut scratch.wide,
+                    &mut ptrs,
+                )
+            };
             for h in 0..group {
                 let row = &scratch.scores[h * ctx + s0..h * ctx + end];
                 let sums = &mut scratch.acc[h * hd..(h + 1) * hd];
@@ -178,12 +245,11 @@ fn attend_kv<T: Lanes, const CH: usize>(
                     // SAFETY: `sums` holds `8·CH` f32s.
                     *a = unsafe { load(sums.as_ptr().add(8 * c)) };
                 }
-                for (&w, &(_, v)) in row.iter().zip(&scratch.rows[s0..end]) {
+                for (&w, &v) in row.iter().zip(&ptrs[..end - s0]) {
                     let w = _mm256_set1_ps(w);
-                    let v = mem.as_ptr().wrapping_add(v);
                     for (c, a) in acc.iter_mut().enumerate() {
-                        // SAFETY: the value row offset was checked against `mem` above.
-                        let x = unsafe { T::load8(v, c) };
+                        // SAFETY: each pointer reads `8·CH` f32s (`f32_rows`).
+                        let x = unsafe { load(v.add(8 * c)) };
                         *a = _mm256_add_ps(*a, _mm256_mul_ps(w, x));
                     }
                 }
