@@ -39,7 +39,7 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',')]
     pub context: Vec<usize>,
     /// KV cache element type (llama.cpp is measured with the same type: `-ctk/-ctv`).
-    #[arg(long, value_enum, default_value = "f32")]
+    #[arg(long, value_enum, default_value = "f16")]
     pub kv_dtype: cleave_types::choices::KvDtype,
     /// Skip llama.cpp even if llama-cpp-python is installed.
     #[arg(long)]

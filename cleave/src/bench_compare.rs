@@ -275,7 +275,7 @@ pub fn bench_compare(args: CompareArgs) -> anyhow::Result<()> {
             header.kv_dtype = if llama {
                 "f16 (llama.cpp's default)".into()
             } else {
-                "f32 (cleave's worker default)".into()
+                "f16 (cleave's worker default)".into()
             };
             header.context_limit = context.clone();
             header.resources = Some(res);

@@ -20,8 +20,8 @@ pub struct ScoreArgs {
     /// Tokens per forward pass.
     #[arg(long, default_value_t = 256)]
     pub chunk: usize,
-    /// KV cache element type (f32 or f16).
-    #[arg(long, default_value = "f32")]
+    /// KV cache element type (f16, f32 or q8_0).
+    #[arg(long, default_value = "f16")]
     pub kv_dtype: KvDtype,
     /// Print the full JSON object (tokens, n_scored, nll_sum, ppl, top1_next).
     #[arg(long)]

@@ -52,7 +52,7 @@ pub struct UpArgs {
     pub kv_memory: cleave_config::kv_pool::KvMemory,
     /// The element type of every worker's KV cache (prefill and decode must agree: the blocks
     /// move between them as bytes).
-    #[arg(long, value_enum, default_value = "f32")]
+    #[arg(long, value_enum, default_value = "f16")]
     pub kv_dtype: cleave_types::choices::KvDtype,
     /// Compute threads per worker.
     #[arg(long, default_value_t = 1)]

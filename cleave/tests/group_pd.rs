@@ -153,7 +153,8 @@ async fn rank_to_rank(transport: &str, ns: Option<&Netns>) {
     );
 }
 
-/// Bytes of one KV block of one rank of a TP=3 group of the default model (default KV dtype).
+/// Bytes of one KV block of one rank of a TP=3 group of the default model (the workers' default
+/// KV dtype).
 fn block_bytes_of_rank() -> u64 {
     let l = Loaded::open(&default_model_path(), Threads::single()).unwrap();
     let c = &l.model.config;
@@ -162,7 +163,7 @@ fn block_bytes_of_rank() -> u64 {
         n_kv_heads: c.n_kv_heads / 3,
         head_dim: c.head_dim,
         block_size: cleave_engine::kv::DEFAULT_BLOCK_SIZE,
-        dtype: KvDtype::F32,
+        dtype: KvDtype::default(),
     }
     .block_bytes() as u64
 }

@@ -41,8 +41,9 @@ pub struct WorkerConfig {
     /// `512MiB`, `8G`; a group's ranks each hold their heads' share).
     #[arg(long, env = "CLEAVE_KV_MEMORY", default_value = "auto")]
     pub kv_memory: crate::kv_pool::KvMemory,
-    /// KV element type.
-    #[arg(long, env = "CLEAVE_KV_DTYPE", value_enum, default_value = "f32")]
+    /// KV element type: f16 (llama.cpp's default too), f32, or q8_0 (llama.cpp's 8.5-bit
+    /// blocks). Prefill and decode workers must agree.
+    #[arg(long, env = "CLEAVE_KV_DTYPE", value_enum, default_value = "f16")]
     pub kv_dtype: KvDtype,
     /// Compute threads.
     #[arg(long, env = "CLEAVE_THREADS", default_value_t = 1)]

@@ -43,7 +43,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
             num_blocks: 1024,
-            kv_dtype: KvDtype::F32,
+            kv_dtype: KvDtype::F16,
             max_model_len: None,
             scheduler: SchedulerConfig::default(),
         }

@@ -150,7 +150,10 @@ async fn a_three_rank_group_generates_what_one_rank_generates() {
     // near-ties (docs/parallelism.md; `tensor_parallel.rs` checks that agreement
     // statistically). The answers themselves must still be one rank's.
     let g = Arc::new(GgufFile::open(&default_model_path()).unwrap());
-    let want: Vec<Vec<u32>> = prompts.iter().map(|p| greedy_split(&g, 3, p, 12)).collect();
+    let want: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| greedy_split(&g, 3, p, 12, KvDtype::F32))
+        .collect();
     let single = Engine::start(
         l.model.clone(),
         l.tokenizer.clone(),

@@ -10,9 +10,9 @@ use std::str::FromStr;
 #[serde(rename_all = "lowercase")]
 pub enum KvDtype {
     /// 4 bytes per element, exact.
-    #[default]
     F32,
-    /// 2 bytes per element, half the memory (llama.cpp's default).
+    /// 2 bytes per element, half the memory (the default, as llama.cpp's).
+    #[default]
     F16,
     /// llama.cpp's Q8_0: blocks of 32 elements, each an f16 scale and 32 signed bytes (34 bytes,
     /// 8.5 bits per element); needs a head size that is a multiple of 32.

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use cleave_engine::gguf::{default_model_path, GgufFile};
 use cleave_engine::kernels::Threads;
+use cleave_engine::kv::memory::KvDtype;
 use cleave_engine::load::Loaded;
 use cleave_engine::model::reference::greedy_split;
 use cleave_proto::v1 as pb;
@@ -410,8 +411,8 @@ impl Drop for Netns {
 }
 
 /// Greedy tokens (`n` per prompt) of the default model split over `world` ranks in one
-/// process (`greedy_split`), with the prompts `prompts` makes from its tokenizer: what every
-/// group test of that size compares against. All collectives add in rank order, so a group of
+/// process (`greedy_split`, with the workers' default KV dtype), with the prompts `prompts` makes
+/// from its tokenizer: what every group test of that size compares against. All collectives add in rank order, so a group of
 /// processes computes exactly this; one unsplit process is not an exact reference (row-parallel
 /// sums in another order differ in the last bits, which flips greedy near-ties).
 pub fn split_tokens(
@@ -424,7 +425,7 @@ pub fn split_tokens(
     let prompts = prompts(&l);
     let want = prompts
         .iter()
-        .map(|p| greedy_split(&g, world, p, n))
+        .map(|p| greedy_split(&g, world, p, n, KvDtype::default()))
         .collect();
     (prompts, want)
 }

@@ -12,11 +12,21 @@ use crate::sample::argmax;
 
 use super::{Logits, Model, SeqChunk, Workspace};
 
-/// Greedy decoding: prefill `prompt`, then `n` one-token steps through the KV cache. Returns
+/// Greedy decoding: prefill `prompt`, then `n` one-token steps through an f32 KV cache. Returns
 /// the generated tokens and the logits each was picked from.
 pub fn greedy(model: &Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
+    greedy_kv(model, prompt, n, KvDtype::F32)
+}
+
+/// [`greedy`] through a KV cache of `dtype`.
+pub fn greedy_kv(
+    model: &Model,
+    prompt: &[u32],
+    n: usize,
+    dtype: KvDtype,
+) -> (Vec<u32>, Vec<Vec<f32>>) {
     let nb = (prompt.len() + n).div_ceil(16);
-    let mut cache = KvCache::on_heap(model.kv_layout(16, KvDtype::F32), nb);
+    let mut cache = KvCache::on_heap(model.kv_layout(16, dtype), nb);
     let blocks: Vec<BlockId> = (0..nb as u32).map(BlockId).collect();
     let mut ws = Workspace::new();
     let (mut out, mut rows) = (Vec::new(), Vec::new());
@@ -42,9 +52,16 @@ pub fn greedy(model: &Model, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32
 }
 
 /// [`greedy`] with the model of `g` split over `world` ranks of an in-process group (threads
-/// over [`LocalGroup`]): what a tensor-parallel worker group of that size must generate
-/// exactly. Panics if the file does not load or the ranks disagree.
-pub fn greedy_split(g: &GgufFile, world: usize, prompt: &[u32], n: usize) -> Vec<u32> {
+/// over [`LocalGroup`]) and its KV cache in `dtype`: what a tensor-parallel worker group of that
+/// size and KV type must generate exactly. Panics if the file does not load or the ranks
+/// disagree.
+pub fn greedy_split(
+    g: &GgufFile,
+    world: usize,
+    prompt: &[u32],
+    n: usize,
+    dtype: KvDtype,
+) -> Vec<u32> {
     let outs: Vec<Vec<u32>> = std::thread::scope(|s| {
         let handles: Vec<_> = LocalGroup::new(world)
             .into_iter()
@@ -52,7 +69,7 @@ pub fn greedy_split(g: &GgufFile, world: usize, prompt: &[u32], n: usize) -> Vec
                 s.spawn(move || {
                     let c: Arc<dyn Collective> = Arc::new(c);
                     let m = Model::load(g, c, Threads::single()).expect("loading a rank");
-                    greedy(&m, prompt, n).0
+                    greedy_kv(&m, prompt, n, dtype).0
                 })
             })
             .collect();

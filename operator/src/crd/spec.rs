@@ -95,7 +95,7 @@ pub struct ModelSpec {
     #[schemars(length(min = 1, max = 131072))]
     pub chat_template: Option<String>,
     /// The element type of both pools' KV caches (`--kv-dtype`; unset: the workers' default,
-    /// f32). `q8_0` stores 8.5 bits per element, as llama.cpp's `-ctk q8_0 -ctv q8_0`, and needs
+    /// f16). `q8_0` stores 8.5 bits per element, as llama.cpp's `-ctk q8_0 -ctv q8_0`, and needs
     /// a head size that is a multiple of 32 (a worker refuses the model otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_dtype: Option<KvCacheDtype>,
