@@ -150,21 +150,15 @@ pub enum KvMemoryError {
 /// attention kernels and the cache writer are generic over. A row is a slice of units; its
 /// elements widen to f32 the same way on every path, so every kernel agrees bit for bit.
 pub trait KvElem: bytemuck::Pod + Send + Sync {
-    /// Elements per unit.
-    const ELEMS: usize;
     /// Element `i` of `row`, widened to f32.
     fn get(row: &[Self], i: usize) -> f32;
-    /// Elements `8c .. 8c + 8` of `row`, widened to f32 (`Self::ELEMS` is 1 or a multiple of 8).
-    #[inline(always)]
-    fn chunk8(row: &[Self], c: usize) -> [f32; 8] {
-        std::array::from_fn(|l| Self::get(row, 8 * c + l))
-    }
-    /// Narrows `src` into `dst` (`src.len() == dst.len() * Self::ELEMS`).
+    /// Elements `8c .. 8c + 8` of `row`, widened to f32 (a unit holds 1 or a multiple of 8).
+    fn chunk8(row: &[Self], c: usize) -> [f32; 8];
+    /// Narrows `src` into `dst` (`dst.len()` units of `src.len()` elements).
     fn store_row(src: &[f32], dst: &mut [Self]);
 }
 
 impl KvElem for f32 {
-    const ELEMS: usize = 1;
     #[inline(always)]
     fn get(row: &[f32], i: usize) -> f32 {
         row[i]
@@ -180,7 +174,6 @@ impl KvElem for f32 {
 }
 
 impl KvElem for f16 {
-    const ELEMS: usize = 1;
     #[inline(always)]
     fn get(row: &[f16], i: usize) -> f32 {
         row[i].to_f32()
@@ -229,7 +222,6 @@ impl Q8Block {
 }
 
 impl KvElem for Q8Block {
-    const ELEMS: usize = 32;
     #[inline(always)]
     fn get(row: &[Q8Block], i: usize) -> f32 {
         let b = &row[i / 32];

@@ -392,8 +392,8 @@ fn normalize(row: &mut [f32], softcap: Option<f32>) {
 
 /// In-place softmax of one score row (shared by every attention path, so they agree bit for
 /// bit). Every pass is written so the compiler vectorises it: a polynomial `e^x` instead of the
-/// C library's call per score (at 4,096 tokens of context that call was a third of a decode
-/// step's attention), and the max and the sum over eight lanes reduced in one fixed order.
+/// C library's call per score (2 million calls per decode step of the Llama-3.2-1B shape at
+/// 4,096 tokens of context), and the max and the sum over eight lanes reduced in one fixed order.
 #[inline(always)]
 fn softmax(row: &mut [f32]) {
     let mut m = [f32::NEG_INFINITY; 8];
