@@ -2,4 +2,4 @@
 
 #![allow(clippy::disallowed_methods)] // a build script reads Cargo's and the system's environment
 
-include!("../kv-transfer/ucx-sys/have_ucx_cfg.rs");
+include!("../ucx-sys/have_ucx_cfg.rs");

@@ -9,8 +9,8 @@ use anyhow::Context;
 use clap::Args;
 use cleave_engine::engine::{Engine, EngineConfig, GenerateRequest, SeqEvent};
 use cleave_engine::load::Loaded;
-use cleave_engine::sample::SamplingParams;
 use cleave_engine::schedule::SchedulerConfig;
+use cleave_text::sample::SamplingParams;
 use serde::Serialize;
 
 use crate::ModelArgs;
@@ -605,7 +605,7 @@ pub fn ttft_breakdown(
         let stop = tokio_util::sync::CancellationToken::new();
         let prefill = run(cleave_prefill_worker::SERVICE, config.clone(), stop.clone()).await?;
         let decode = run(cleave_decode_worker::SERVICE, config, stop.clone()).await?;
-        let tok = cleave_engine::load::ModelText::open(&model)?.tokenizer;
+        let tok = cleave_text::ModelText::open(&model)?.tokenizer;
         let mut client = cleave_proto::v1::decode_worker_client::DecodeWorkerClient::connect(
             format!("http://{}", decode.grpc_addr),
         )

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::Args;
 use cleave_collective::{GroupConfig, NetGroup, Pending, Transport};
-use cleave_engine::collective::Collective;
+use cleave_types::collective::Collective;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Args)]
@@ -193,7 +193,7 @@ pub fn bench_rank(args: RankArgs) -> anyhow::Result<()> {
 fn time(
     g: &NetGroup,
     iters: usize,
-    mut f: impl FnMut() -> Result<(), cleave_engine::collective::CollectiveError>,
+    mut f: impl FnMut() -> Result<(), cleave_types::collective::CollectiveError>,
 ) -> anyhow::Result<f64> {
     f()?;
     g.barrier()?;

@@ -230,7 +230,7 @@ pub fn bench_compare(args: CompareArgs) -> anyhow::Result<()> {
         Some(p) => p.clone(),
         None => crate::fetch::fetch_default_model(false)?,
     };
-    let gguf = cleave_engine::gguf::GgufFile::open(&model)
+    let gguf = cleave_text::gguf::GgufFile::open(&model)
         .with_context(|| format!("reading {}", model.display()))?;
     let context = gguf
         .architecture()

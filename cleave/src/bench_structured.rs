@@ -6,11 +6,11 @@
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use cleave_engine::constrain::{Constraint, LazyGrammars};
 use cleave_engine::engine::{Engine, EngineConfig, GenerateRequest, SeqEvent};
 use cleave_engine::load::Loaded;
-use cleave_engine::sample::SamplingParams;
 use cleave_engine::schedule::SchedulerConfig;
+use cleave_text::constrain::{Constraint, LazyGrammars};
+use cleave_text::sample::SamplingParams;
 use serde_json::{json, Value};
 
 use crate::ModelArgs;

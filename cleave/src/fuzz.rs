@@ -251,7 +251,7 @@ pub fn run_target(target: Target, cases: Cases, args: &FuzzArgs) -> anyhow::Resu
     let model = args
         .model
         .clone()
-        .unwrap_or_else(cleave_engine::gguf::default_model_path);
+        .unwrap_or_else(cleave_text::gguf::default_model_path);
     match target {
         Target::Api => match &args.url {
             Some(url) => api::fuzz_url(url, cases),

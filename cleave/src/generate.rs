@@ -4,11 +4,11 @@ use std::io::{BufRead, Write};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use cleave_engine::chat::ChatMessage;
-use cleave_engine::constrain::Constraint;
 use cleave_engine::engine::{Engine, EngineConfig, GenerateRequest, SeqEvent};
 use cleave_engine::load::Loaded;
-use cleave_engine::sample::SamplingParams;
+use cleave_text::chat::ChatMessage;
+use cleave_text::constrain::Constraint;
+use cleave_text::sample::SamplingParams;
 
 use crate::ModelArgs;
 

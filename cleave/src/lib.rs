@@ -161,21 +161,21 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
                 Ok(())
             }
             ModelCommand::Path => {
-                println!("{}", cleave_engine::gguf::default_model_path().display());
+                println!("{}", cleave_text::gguf::default_model_path().display());
                 Ok(())
             }
             ModelCommand::Inspect { file } => {
-                let g = cleave_engine::gguf::GgufFile::open(&file)
+                let g = cleave_text::gguf::GgufFile::open(&file)
                     .with_context(|| format!("reading {}", file.display()))?;
                 println!("{}", cleave_engine::inspect::inspect(&g));
                 Ok(())
             }
             ModelCommand::Tiny { dir, kind, seed } => {
-                use cleave_engine::tiny;
+                use cleave_text::tiny;
                 let k = tiny::parse_kind(&kind).with_context(|| {
                     format!("unknown --kind {kind:?}: use llama, mixtral, qwen2-moe or qwen3-moe")
                 })?;
-                tiny::write_model(&dir, k, cleave_engine::safetensors::Dtype::F32, seed)
+                tiny::write_model(&dir, k, cleave_text::safetensors::Dtype::F32, seed)
                     .with_context(|| format!("writing {}", dir.display()))?;
                 println!("{}", dir.display());
                 Ok(())

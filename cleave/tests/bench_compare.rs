@@ -6,7 +6,7 @@ use std::process::Command;
 
 #[test]
 fn compare_states_measured_resources_and_withholds_ratios_across_unequal_compute() {
-    let model = cleave_engine::gguf::default_model_path();
+    let model = cleave_text::gguf::default_model_path();
     assert!(
         model.exists(),
         "run `cleave model fetch` first (scripts/test does)"

@@ -5,7 +5,7 @@
 #![allow(clippy::disallowed_methods)] // tests and benchmarks may read the environment and poll with sleeps
 
 use cleave::fuzz::{run_target, Cases, FuzzArgs, Target};
-use cleave_engine::gguf::default_model_path;
+use cleave_text::gguf::default_model_path;
 
 fn sample(target: Target, iterations: u64) {
     let needs_model = matches!(target, Target::Api | Target::Chat);

@@ -9,9 +9,9 @@ use crate::support::SERIAL;
 
 use std::time::{Duration, Instant};
 
-use cleave_engine::gguf::default_model_path;
 use cleave_engine::kernels::Threads;
 use cleave_engine::load::Loaded;
+use cleave_text::gguf::default_model_path;
 use support::{generate, http_get, metric, Group, Netns};
 
 /// Tokens compared. Splitting heads and the FFN across ranks changes the order of sums, so a

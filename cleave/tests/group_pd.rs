@@ -12,12 +12,12 @@ use crate::support::SERIAL;
 
 use std::time::{Duration, Instant};
 
-use cleave_engine::gguf::default_model_path;
 use cleave_engine::kernels::Threads;
 use cleave_engine::kv::memory::{KvDtype, KvLayout};
 use cleave_engine::load::Loaded;
 use cleave_proto::v1 as pb;
 use cleave_proto::v1::prefill_worker_client::PrefillWorkerClient;
+use cleave_text::gguf::default_model_path;
 use support::{generate_via, metric, Group, Netns};
 
 /// Tokens compared (see worker/tests/group.rs on why not many more).

@@ -17,13 +17,13 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use cleave_collective::{AllReduceOrder, GroupConfig, NetGroup, Pending};
-use cleave_engine::collective::Collective;
-use cleave_engine::gguf::default_model_path;
 use cleave_engine::kernels::Threads;
 use cleave_engine::kv::memory::{KvCache, KvDtype};
 use cleave_engine::kv::BlockId;
 use cleave_engine::load::Loaded;
 use cleave_engine::model::{Logits, Model, SeqChunk, Workspace};
+use cleave_text::gguf::default_model_path;
+use cleave_types::collective::Collective;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 

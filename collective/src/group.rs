@@ -4,7 +4,7 @@ use std::net::{Shutdown, TcpStream};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use cleave_engine::collective::{Collective, CollectiveError};
+use cleave_types::collective::{Collective, CollectiveError};
 
 use crate::wire::{Call, Op};
 use crate::{GroupConfig, GroupError, Pending};

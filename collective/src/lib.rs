@@ -1,5 +1,5 @@
 //! Collectives for a group of processes: the multi-rank implementation of the engine's
-//! [`Collective`](cleave_engine::collective::Collective) trait.
+//! [`Collective`](cleave_types::collective::Collective) trait.
 //!
 //! [`NetGroup::connect`] forms the group (rank 0 listens at the leader address; the others
 //! rendezvous there and then connect to each other, one TCP connection per pair of ranks). Every

@@ -2,7 +2,7 @@
 
 use std::ops::Range;
 
-use cleave_engine::collective::{check_root, check_send, CollectiveError};
+use cleave_types::collective::{check_root, check_send, CollectiveError};
 
 use crate::group::NetGroup;
 use crate::wire::{Call, Op, Outgoing, Recv, Sink};

@@ -13,7 +13,7 @@ use std::os::fd::AsRawFd;
 use std::ptr::null_mut;
 use std::time::{Duration, Instant};
 
-use cleave_engine::collective::CollectiveError;
+use cleave_types::collective::CollectiveError;
 use cleave_ucx_sys as sys;
 
 use crate::wire::{Call, Outgoing, Recv, Sink};
@@ -468,7 +468,7 @@ mod tests {
 
     use std::time::Duration;
 
-    use cleave_engine::collective::Collective;
+    use cleave_types::collective::Collective;
 
     use crate::{GroupConfig, NetGroup, Pending, Transport};
 

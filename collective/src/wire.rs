@@ -11,7 +11,7 @@ use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use cleave_engine::collective::CollectiveError;
+use cleave_types::collective::CollectiveError;
 
 /// Header bytes before each payload.
 pub(crate) const HEADER: usize = 16;

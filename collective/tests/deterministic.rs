@@ -13,17 +13,17 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use cleave_collective::{GroupConfig, NetGroup};
-use cleave_engine::collective::Collective;
 use cleave_engine::engine::{
     run_follower, Engine, EngineConfig, FinishReason, GenerateRequest, GroupLink, SeqEvent,
 };
-use cleave_engine::gguf::default_model_path;
 use cleave_engine::kernels::Threads;
 use cleave_engine::kv::memory::{KvCache, KvDtype};
 use cleave_engine::load::Loaded;
-use cleave_engine::sample::SamplingParams;
 use cleave_engine::schedule::SchedulerConfig;
-use cleave_engine::tiny::{write_model, write_tokenizer, Kind};
+use cleave_text::gguf::default_model_path;
+use cleave_text::sample::SamplingParams;
+use cleave_text::tiny::{write_model, write_tokenizer, Kind};
+use cleave_types::collective::Collective;
 
 /// One generated token: id, logprob bits, top-2 `(id, logprob bits)`.
 type Tok = (u32, u32, Vec<(u32, u32)>);
@@ -287,7 +287,7 @@ impl TinyDir {
     fn new(kind: Kind, name: &str) -> TinyDir {
         let dir = std::env::temp_dir().join(format!("cleave-det-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        write_model(&dir, kind, cleave_engine::safetensors::Dtype::F32, 11).unwrap();
+        write_model(&dir, kind, cleave_text::safetensors::Dtype::F32, 11).unwrap();
         write_tokenizer(&dir).unwrap();
         TinyDir(dir)
     }

@@ -8,7 +8,7 @@ use crate::common;
 use std::time::{Duration, Instant};
 
 use cleave_collective::{GroupConfig, GroupError, NetGroup, Pending, Transport};
-use cleave_engine::collective::{Collective, CollectiveError};
+use cleave_types::collective::{Collective, CollectiveError};
 use common::on_ranks_with;
 
 fn is_peer_or_abort(e: &CollectiveError) -> bool {

@@ -3,7 +3,7 @@
 use crate::common;
 
 use cleave_collective::{NetGroup, Transport};
-use cleave_engine::collective::Collective;
+use cleave_types::collective::Collective;
 use common::{data, on_ranks_with};
 
 const SIZES: [usize; 6] = [0, 1, 7, 16_385, 100_003, 1 << 20];

@@ -10,7 +10,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use cleave_collective::{NetGroup, Transport};
-use cleave_engine::collective::{Collective, CollectiveError};
+use cleave_types::collective::{Collective, CollectiveError};
 
 const CHILD_ENV: &str = "CLEAVE_COLL_CHILD";
 

@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use cleave_engine::sample::SamplingParams;
 use cleave_engine::schedule::SeqId;
 use cleave_proto::v1 as pb;
 use cleave_proto::v1::prefill_worker_client::PrefillWorkerClient;
+use cleave_text::sample::SamplingParams;
 
 use cleave_worker::WorkerState;
 
@@ -73,7 +73,7 @@ pub async fn run(
             tracing::debug!(elapsed = ?started.elapsed(), bytes = resp.bytes_transferred, "kv imported");
             let logprob = resp
                 .logprob
-                .map(|logprob| cleave_engine::sample::TokenLogprob {
+                .map(|logprob| cleave_text::sample::TokenLogprob {
                     token: resp.first_token,
                     logprob,
                     top: resp.top.iter().map(|t| (t.token, t.logprob)).collect(),

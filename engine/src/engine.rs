@@ -12,16 +12,16 @@ use std::thread::JoinHandle;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
-use crate::collective::CollectiveError;
-use crate::constrain::{ConstraintError, ConstraintState, LazyGrammars};
 use crate::kv::memory::{KvCache, KvDtype};
 use crate::kv::{BlockId, KvEventRecord, PoolStats};
 use crate::model::Model;
-use crate::sample::{ParamError, SamplingParams, TokenLogprob};
 use crate::schedule::{SchedulerConfig, SchedulerCounters, SeqId};
+use cleave_text::constrain::{ConstraintError, ConstraintState, LazyGrammars};
+use cleave_text::sample::{ParamError, SamplingParams, TokenLogprob};
+use cleave_types::collective::CollectiveError;
 
 pub use crate::schedule::PrefillMode;
-use crate::tokenizer::Tokenizer;
+use cleave_text::tokenizer::Tokenizer;
 
 pub use group::{run_follower, run_follower_with, FollowerError, GroupLink};
 pub use stop::StopMatcher;

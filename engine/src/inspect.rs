@@ -6,9 +6,9 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::gguf::{GgmlType, GgufFile};
 use crate::model::config::ModelConfig;
-use crate::tokenizer::Tokenizer;
+use cleave_text::gguf::{GgmlType, GgufFile};
+use cleave_text::tokenizer::Tokenizer;
 
 /// Tensor types the loader accepts (F16/BF16 are converted to F32).
 fn loadable(ty: GgmlType) -> bool {
@@ -66,10 +66,10 @@ fn chat_template_state(g: &GgufFile) -> String {
     let fix = format!(
         "/v1/chat/completions and `--chat` need --chat-template (built in: {}; a Jinja file; or \
          the template text)",
-        crate::chat::builtin::names()
+        cleave_text::chat::builtin::names()
     );
     match g.get_str("tokenizer.chat_template") {
-        Ok(source) => match crate::chat::ChatTemplate::new(source, "", "") {
+        Ok(source) => match cleave_text::chat::ChatTemplate::new(source, "", "") {
             Ok(_) => format!("yes ({} bytes)", source.len()),
             Err(e) => format!("present, but {e}: {fix}"),
         },
@@ -183,5 +183,33 @@ impl fmt::Display for Inspection {
             }
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inspect_survives_sizes_whose_sum_overflows() {
+        // Two tensors of a type cleave does not know, each claiming 2^63 elements: their sum
+        // does not fit a u64 (`cleave fuzz --target gguf` found the overflow).
+        let mut b = b"GGUF".to_vec();
+        b.extend(3u32.to_le_bytes()); // version
+        b.extend(2u64.to_le_bytes()); // tensors
+        b.extend(0u64.to_le_bytes()); // metadata pairs
+        for name in ["a", "b"] {
+            b.extend((name.len() as u64).to_le_bytes());
+            b.extend(name.as_bytes());
+            b.extend(2u32.to_le_bytes());
+            b.extend((1u64 << 32).to_le_bytes());
+            b.extend((1u64 << 31).to_le_bytes());
+            b.extend(200u32.to_le_bytes()); // an unknown type
+            b.extend(0u64.to_le_bytes()); // offset
+        }
+        b.resize(b.len().next_multiple_of(32), 0);
+        let g = GgufFile::from_bytes(b).expect("unknown types are parsed, not sized");
+        let text = inspect(&g).to_string();
+        assert!(text.contains("tensors:"), "{text}");
     }
 }

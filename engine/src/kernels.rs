@@ -236,42 +236,7 @@ enum Storage {
     Shared(SharedBytes),
 }
 
-/// What shared bytes belong to: a memory map of the model file, or a buffer.
-pub type ByteOwner = std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>;
-
-/// Bytes borrowed from a shared owner (the memory-mapped model file), so that a matrix kept in
-/// the file's own layout needs no second copy: the file's pages are the weights.
-#[derive(Clone)]
-pub struct SharedBytes {
-    owner: ByteOwner,
-    range: Range<usize>,
-}
-
-impl SharedBytes {
-    /// `range` of `owner`'s bytes. Panics if the range does not lie inside them.
-    pub fn new(owner: ByteOwner, range: Range<usize>) -> Self {
-        assert!(
-            range.start <= range.end && range.end <= (*owner).as_ref().len(),
-            "shared range {range:?} outside its owner"
-        );
-        SharedBytes { owner, range }
-    }
-
-    /// The borrowed bytes.
-    #[inline]
-    pub fn bytes(&self) -> &[u8] {
-        &(*self.owner).as_ref()[self.range.clone()]
-    }
-
-    /// Bytes `r` of these (relative to their start). Panics if out of range.
-    fn sub(&self, r: Range<usize>) -> SharedBytes {
-        assert!(r.start <= r.end && r.end <= self.range.len());
-        SharedBytes {
-            owner: self.owner.clone(),
-            range: self.range.start + r.start..self.range.start + r.end,
-        }
-    }
-}
+use cleave_text::gguf::SharedBytes;
 
 /// A `[rows × cols]` weight matrix in one of the [`WeightType`] formats.
 #[derive(Clone)]

@@ -18,7 +18,6 @@
 //! [`hash`] for the exact definition.
 
 pub mod events;
-pub mod hash;
 pub mod memory;
 pub mod pool;
 
@@ -28,14 +27,11 @@ mod pool_tests;
 mod proptests;
 
 pub use events::{KvEvent, KvEventRecord, DEFAULT_EVENT_CAPACITY};
-pub use hash::{block_hashes, next_block_hash};
 pub use pool::{BlockPool, PoolStats};
 
-/// Number of tokens in one KV block unless configured otherwise.
-pub const DEFAULT_BLOCK_SIZE: usize = 16;
-
-/// Chained hash of a full block (defined in `cleave-types`, shared with the router).
-pub use cleave_types::BlockHash;
+/// Block hashing, the block size and the hash type are defined in `cleave-types`, shared with
+/// the router, which hashes prompts without linking the engine.
+pub use cleave_types::kv::{block_hashes, hash, next_block_hash, BlockHash, DEFAULT_BLOCK_SIZE};
 
 /// Index of a block in a [`BlockPool`] (`0..num_blocks`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -19,10 +19,10 @@ use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use crate::collective::{Collective, SingleRank};
-use crate::gguf::{GgufError, GgufFile};
 use crate::kernels::{KernelError, Threads};
 use crate::kv::memory::{KvDtype, KvLayout};
+use cleave_text::gguf::{GgufError, GgufFile};
+use cleave_types::collective::{Collective, SingleRank};
 
 pub use config::{
     Activation, Arch, ArchOptions, ModelConfig, MoeConfig, RopeScaling, RopeStyle, SlidingWindow,
@@ -63,7 +63,7 @@ pub enum ModelError {
     BadConfig(String),
     /// A safetensors checkpoint could not be read.
     #[error(transparent)]
-    Safetensors(#[from] crate::safetensors::SafetensorsError),
+    Safetensors(#[from] cleave_text::safetensors::SafetensorsError),
     /// A Hugging Face `config.json` is missing, malformed or describes an unsupported model.
     #[error("{path}: {why}")]
     HfConfig {
@@ -110,7 +110,7 @@ impl Model {
         threads: Threads,
     ) -> Result<Self, ModelError> {
         let config = hf::read_config(dir)?;
-        let st = crate::safetensors::SafeTensors::open_dir(dir)?;
+        let st = cleave_text::safetensors::SafeTensors::open_dir(dir)?;
         let shard = Shard {
             rank: collective.rank(),
             world: collective.world(),

@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 
 use crate::kv::{next_block_hash, BlockHash, BlockId, BlockPool};
-use crate::sample::{Sampler, SamplingParams};
+use cleave_text::sample::{Sampler, SamplingParams};
 
 /// Where a sequence's prompt KV comes from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -14,12 +14,12 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use cleave_engine::engine::{Engine, EngineConfig, GenerateRequest};
-use cleave_engine::gguf::GgufFile;
 use cleave_engine::kernels::Threads;
 use cleave_engine::load::Loaded;
 use cleave_engine::model::{Arch, Model};
-use cleave_engine::sample::SamplingParams;
 use cleave_engine::schedule::SchedulerConfig;
+use cleave_text::gguf::GgufFile;
+use cleave_text::sample::SamplingParams;
 use common::{disaggregated, settle, tokens_of};
 
 #[derive(serde::Deserialize)]

@@ -12,7 +12,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use cleave_engine::chat::{ChatError, ChatMessage, ChatTemplate};
+use cleave_text::chat::{ChatError, ChatMessage, ChatTemplate};
 use serde_json::{json, Value};
 
 /// Templates whose rendering differs from the reference today, with the reason. The test
@@ -264,7 +264,7 @@ fn builtin_templates_match_the_models_they_stand_in_for() {
         let source = std::fs::read_to_string(&path).expect("read template");
         let real = ChatTemplate::new(&source, BOS, EOS).expect("compiles");
         let ours = ChatTemplate::new(
-            cleave_engine::chat::builtin::source(name).expect("built in"),
+            cleave_text::chat::builtin::source(name).expect("built in"),
             BOS,
             EOS,
         )

@@ -5,13 +5,13 @@ use std::sync::{Arc, OnceLock};
 use cleave_engine::engine::{
     Engine, EngineConfig, FinishReason, GenerateRequest, PrefillMode, SeqEvent, Usage,
 };
-use cleave_engine::gguf::default_model_path;
 use cleave_engine::kernels::Threads;
 use cleave_engine::kv::memory::KvDtype;
 use cleave_engine::kv::BlockId;
 use cleave_engine::load::Loaded;
-use cleave_engine::sample::SamplingParams;
 use cleave_engine::schedule::SchedulerConfig;
+use cleave_text::gguf::default_model_path;
+use cleave_text::sample::SamplingParams;
 
 #[allow(dead_code)]
 pub fn loaded() -> &'static Loaded {
@@ -30,7 +30,7 @@ pub fn loaded() -> &'static Loaded {
 #[allow(dead_code)]
 pub fn model_and_tokenizer() -> (
     Arc<cleave_engine::model::Model>,
-    Arc<cleave_engine::tokenizer::Tokenizer>,
+    Arc<cleave_text::tokenizer::Tokenizer>,
 ) {
     let l = loaded();
     (l.model.clone(), l.tokenizer.clone())

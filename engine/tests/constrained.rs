@@ -5,9 +5,9 @@
 
 use crate::common;
 
-use cleave_engine::constrain::Constraint;
 use cleave_engine::engine::{EngineError, FinishReason, GenerateRequest};
-use cleave_engine::sample::SamplingParams;
+use cleave_text::constrain::Constraint;
+use cleave_text::sample::SamplingParams;
 use common::{collect, engine, prompt, run_all, Outcome};
 use serde_json::{json, Value};
 

@@ -8,8 +8,8 @@ use cleave_engine::engine::{
     Engine, EngineConfig, FinishReason, GenerateRequest, PrefillMode, SeqEvent,
 };
 use cleave_engine::kv::memory::KvDtype;
-use cleave_engine::sample::SamplingParams;
 use cleave_engine::schedule::SchedulerConfig;
+use cleave_text::sample::SamplingParams;
 use common::{disaggregated, settle, tokens_of};
 
 fn engine(step_tokens: usize) -> Engine {
@@ -157,7 +157,7 @@ async fn missing_kv_falls_back_to_local_prefill_or_aborts_without_leaks() {
 /// decode engine's grammar consumes it and constrains the rest; the output is the one engine's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn constrained_output_is_the_same_disaggregated() {
-    use cleave_engine::constrain::Constraint;
+    use cleave_text::constrain::Constraint;
     let tok = &common::loaded().tokenizer;
     let prompt = tok.encode(
         "<|im_start|>user\nDescribe a city as JSON.<|im_end|>\n<|im_start|>assistant\n",
@@ -199,7 +199,7 @@ async fn constrained_output_is_the_same_disaggregated() {
 /// constraint) aborts that request alone; a request batched beside it is unaffected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_token_outside_the_grammar_aborts_only_its_request() {
-    use cleave_engine::constrain::Constraint;
+    use cleave_text::constrain::Constraint;
     let tok = &common::loaded().tokenizer;
     let d = engine(32);
     let free_prompt = tok.encode("The capital of France is", false);

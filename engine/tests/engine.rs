@@ -6,7 +6,7 @@ use crate::common;
 use common::{collect, engine, greedy, prompt, run_all};
 
 use cleave_engine::engine::{Engine, FinishReason, GenerateRequest, SeqEvent};
-use cleave_engine::sample::SamplingParams;
+use cleave_text::sample::SamplingParams;
 
 async fn wait_idle(e: &Engine) {
     for _ in 0..1000 {
@@ -153,7 +153,7 @@ async fn stop_strings_eos_and_bad_requests() {
         out.text
     );
     // A chat prompt ends with <|im_end|> (an end-of-generation token) well before 200 tokens.
-    let msg = cleave_engine::chat::ChatMessage::new("user", "Say hello.");
+    let msg = cleave_text::chat::ChatMessage::new("user", "Say hello.");
     let text = l.template.as_ref().unwrap().render(&[msg], true).unwrap();
     let params = SamplingParams {
         max_tokens: 200,

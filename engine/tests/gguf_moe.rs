@@ -8,11 +8,11 @@ use crate::tiny;
 use std::path::Path;
 use std::sync::Arc;
 
-use cleave_engine::collective::SingleRank;
-use cleave_engine::gguf::GgufFile;
 use cleave_engine::kernels::Threads;
 use cleave_engine::model::Model;
-use cleave_engine::safetensors::{Dtype, SafeTensors};
+use cleave_text::gguf::GgufFile;
+use cleave_text::safetensors::{Dtype, SafeTensors};
+use cleave_types::collective::SingleRank;
 use tiny::{all_logits, max_diff, on_ranks, write_model, Kind};
 
 fn gstr(out: &mut Vec<u8>, s: &str) {

@@ -10,17 +10,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cleave_engine::collective::{Collective, CollectiveError, LocalGroup};
 use cleave_engine::engine::{
     run_follower, token_ids, Engine, EngineConfig, EngineError, FinishReason, GenerateRequest,
     GroupLink,
 };
-use cleave_engine::gguf::{default_model_path, GgufFile};
 use cleave_engine::kernels::Threads;
 use cleave_engine::kv::memory::{KvCache, KvDtype};
 use cleave_engine::model::reference::greedy_split;
 use cleave_engine::model::Model;
-use cleave_engine::sample::SamplingParams;
+use cleave_text::gguf::{default_model_path, GgufFile};
+use cleave_text::sample::SamplingParams;
+use cleave_types::collective::{Collective, CollectiveError, LocalGroup};
 
 /// A rank of a `LocalGroup` whose collectives all fail from call number `fail_at` on (every
 /// rank makes the same calls in the same order, so all ranks fail at the same call).

@@ -6,12 +6,12 @@ use crate::tiny;
 
 use std::sync::Arc;
 
-use cleave_engine::collective::SingleRank;
-use cleave_engine::gguf::{default_model_path, GgufFile};
 use cleave_engine::kernels::Threads;
 use cleave_engine::load::Loaded;
-use cleave_engine::safetensors::Dtype;
-use cleave_engine::tokenizer::{Tokenizer, TokenizerSpec};
+use cleave_text::gguf::{default_model_path, GgufFile};
+use cleave_text::safetensors::Dtype;
+use cleave_text::tokenizer::{Tokenizer, TokenizerSpec};
+use cleave_types::collective::SingleRank;
 use serde_json::json;
 
 #[test]

@@ -16,11 +16,11 @@ use crate::tiny;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use cleave_engine::gguf::{default_model_path, GgufFile};
 use cleave_engine::kernels::{simd_path, Threads};
 use cleave_engine::kv::memory::KvDtype;
 use cleave_engine::model::score::score;
 use cleave_engine::model::Model;
+use cleave_text::gguf::{default_model_path, GgufFile};
 
 #[derive(serde::Deserialize)]
 struct Reference {

@@ -10,11 +10,11 @@ use crate::llama_ref;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use cleave_engine::gguf::default_model_path;
 use cleave_engine::kernels::Threads;
 use cleave_engine::kv::memory::KvDtype;
 use cleave_engine::model::score::score;
 use cleave_engine::model::Model;
+use cleave_text::gguf::default_model_path;
 use sha2::{Digest, Sha256};
 
 #[derive(serde::Deserialize)]

@@ -8,8 +8,8 @@ use crate::llama_ref;
 
 use std::path::PathBuf;
 
-use cleave_engine::gguf::GgufFile;
-use cleave_engine::tokenizer::{StreamDecoder, Tokenizer};
+use cleave_text::gguf::GgufFile;
+use cleave_text::tokenizer::{StreamDecoder, Tokenizer};
 
 /// Vocabularies expected to match exactly.
 const SUPPORTED: &[&str] = &[

@@ -8,9 +8,9 @@ use crate::tiny;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use cleave_engine::gguf::GgufFile;
 use cleave_engine::kernels::Threads;
 use cleave_engine::model::Model;
+use cleave_text::gguf::GgufFile;
 use tiny::{all_logits, greedy, max_diff};
 
 fn path() -> PathBuf {
@@ -137,7 +137,7 @@ fn load_error(bytes: Vec<u8>) -> String {
         .and_then(|g| {
             Model::load(
                 &g,
-                std::sync::Arc::new(cleave_engine::collective::SingleRank),
+                std::sync::Arc::new(cleave_types::collective::SingleRank),
                 Threads::single(),
             )
         })
@@ -226,7 +226,7 @@ fn inspect_reports_types_and_why_a_file_cannot_run() {
 
 #[test]
 fn inspect_says_the_default_model_runs() {
-    let g = GgufFile::open(&cleave_engine::gguf::default_model_path()).unwrap();
+    let g = GgufFile::open(&cleave_text::gguf::default_model_path()).unwrap();
     let r = cleave_engine::inspect::inspect(&g);
     assert!(r.runnable(), "{r}");
     assert!(r.chat_template.starts_with("yes ("), "{r}");

@@ -7,10 +7,10 @@ use crate::tiny;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cleave_engine::collective::SingleRank;
 use cleave_engine::kernels::Threads;
 use cleave_engine::model::Model;
-use cleave_engine::safetensors::Dtype;
+use cleave_text::safetensors::Dtype;
+use cleave_types::collective::SingleRank;
 use tiny::{all_logits, max_diff, on_ranks, write_model, Kind};
 
 /// Across EP sizes only the order of float sums changes (attention's all-reduce, the shared

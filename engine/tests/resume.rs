@@ -5,9 +5,9 @@
 
 use crate::common;
 
-use cleave_engine::constrain::Constraint;
 use cleave_engine::engine::{Engine, EngineConfig, FinishReason, GenerateRequest, SeqEvent, Usage};
-use cleave_engine::sample::SamplingParams;
+use cleave_text::constrain::Constraint;
+use cleave_text::sample::SamplingParams;
 
 fn engine() -> Engine {
     let (m, t) = common::model_and_tokenizer();

@@ -6,9 +6,9 @@ use crate::tiny;
 
 use std::sync::Arc;
 
-use cleave_engine::gguf::{default_model_path, GgufFile};
 use cleave_engine::kernels::Threads;
 use cleave_engine::model::Model;
+use cleave_text::gguf::{default_model_path, GgufFile};
 
 #[test]
 fn three_way_tensor_parallel_matches_one_rank() {
@@ -60,7 +60,7 @@ fn three_way_tensor_parallel_matches_one_rank() {
         let agree = got
             .chunks(vocab)
             .zip(want.chunks(vocab))
-            .filter(|(a, b)| cleave_engine::sample::argmax(a) == cleave_engine::sample::argmax(b))
+            .filter(|(a, b)| cleave_text::sample::argmax(a) == cleave_text::sample::argmax(b))
             .count() as f64
             / tokens.len() as f64;
         eprintln!(

@@ -5,7 +5,7 @@ use crate::tiny;
 
 use cleave_engine::kernels::Threads;
 use cleave_engine::model::Model;
-use cleave_engine::safetensors::Dtype;
+use cleave_text::safetensors::Dtype;
 use tiny::{greedy, max_diff, on_ranks, write_model, Kind};
 
 /// Weights and activations are f32 on this path, so TP only reorders sums (row-parallel
@@ -21,7 +21,7 @@ fn tiny_dense_tp2_and_tp4_match_tp1() {
         .collect();
     let one = Model::load_hf(
         &dir,
-        std::sync::Arc::new(cleave_engine::collective::SingleRank),
+        std::sync::Arc::new(cleave_types::collective::SingleRank),
         Threads::single(),
     )
     .unwrap();
@@ -77,7 +77,7 @@ fn bad_checkpoints_are_clear_errors() {
     let one_rank_error = || {
         Model::load_hf(
             &dir,
-            std::sync::Arc::new(cleave_engine::collective::SingleRank),
+            std::sync::Arc::new(cleave_types::collective::SingleRank),
             Threads::single(),
         )
         .err()

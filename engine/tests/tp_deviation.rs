@@ -20,12 +20,12 @@ use crate::common;
 
 use std::sync::Arc;
 
-use cleave_engine::collective::{Collective, LocalGroup, SingleRank};
-use cleave_engine::gguf::{default_model_path, GgufFile};
 use cleave_engine::kernels::Threads;
 use cleave_engine::kv::memory::{KvCache, KvDtype};
 use cleave_engine::kv::BlockId;
 use cleave_engine::model::{Logits, Model, SeqChunk, Workspace};
+use cleave_text::gguf::{default_model_path, GgufFile};
+use cleave_types::collective::{Collective, LocalGroup, SingleRank};
 
 const LENGTHS: [usize; 5] = [300, 400, 500, 600, 700];
 

@@ -2,7 +2,7 @@
 //!
 //! Sits between the engines of disaggregated workers: the decode worker allocates its KV pool
 //! from a [`Transport`] ([`Transport::allocate_region`]), hands the [`Region`] to its engine's KV
-//! cache (it implements [`cleave_engine::kv::memory::KvRegion`]) and publishes the region's
+//! cache (it implements [`cleave_types::kv::KvRegion`]) and publishes the region's
 //! [`RegionDescriptor`] plus its [`WorkerAddress`]. A prefill worker then calls
 //! [`Transport::write`] with a list of [`WriteOp`]s (block runs) to copy its finished blocks into
 //! that region; the call returns once the bytes are visible at the remote.

@@ -14,7 +14,7 @@
 //! with raw pointers, never through the engine's references.
 
 use crate::RegionDescriptor;
-use cleave_engine::kv::memory::KvRegion;
+use cleave_types::kv::KvRegion;
 use serde::{Deserialize, Serialize};
 use std::ptr::NonNull;
 use std::sync::Arc;

@@ -10,9 +10,9 @@ pub mod v1 {
 
 /// Between the wire's sampling parameters and the engine's, in both directions.
 pub mod convert {
-    use cleave_engine::constrain::Constraint;
-    use cleave_engine::engine::FinishReason;
-    use cleave_engine::sample::SamplingParams;
+    use cleave_text::constrain::Constraint;
+    use cleave_text::sample::SamplingParams;
+    use cleave_types::FinishReason;
 
     use crate::v1 as pb;
 

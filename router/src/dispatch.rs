@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cleave_engine::kv::block_hashes;
 use cleave_kv_index::{BlockHash, Matches, PrefixIndex, WorkerId};
 use cleave_proto::convert::finish_from_wire;
 use cleave_proto::v1 as pb;
 use cleave_proto::v1::decode_worker_client::DecodeWorkerClient;
+use cleave_types::kv::block_hashes;
 use tokio_stream::StreamExt;
 use tokio_util::task::TaskTracker;
 use tonic::transport::Channel;
@@ -26,7 +26,7 @@ use crate::place::{
 };
 
 /// Token slots per KV block on the workers (the engine's default).
-pub const BLOCK_SIZE: usize = cleave_engine::kv::DEFAULT_BLOCK_SIZE;
+pub const BLOCK_SIZE: usize = cleave_types::kv::DEFAULT_BLOCK_SIZE;
 
 /// Matches buffers kept for reuse ([`Cluster::prepare`]); more requests placed at once allocate.
 const SPARE_MATCHES: usize = 16;

@@ -20,11 +20,11 @@ pub enum RouterError {
         path: PathBuf,
         /// Why.
         #[source]
-        source: cleave_engine::load::LoadError,
+        source: cleave_text::TextError,
     },
     /// `--chat-template` names no template that compiles.
     #[error(transparent)]
-    ChatTemplate(#[from] cleave_engine::chat::ChatError),
+    ChatTemplate(#[from] cleave_text::chat::ChatError),
     /// The API keys file does not load.
     #[error("--api-keys-file")]
     Keys(#[from] crate::keys::KeysError),

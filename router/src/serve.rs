@@ -9,8 +9,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cleave_engine::load::ModelText;
 use cleave_telemetry::error_chain;
+use cleave_text::ModelText;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -143,7 +143,7 @@ pub async fn run(
     );
     let state = Arc::new(ApiState {
         backend,
-        grammars: Arc::new(cleave_engine::constrain::LazyGrammars::new(
+        grammars: Arc::new(cleave_text::constrain::LazyGrammars::new(
             tokenizer.clone(),
             None,
         )),

@@ -5,11 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cleave_engine::kv::{BlockHash, KvEvent, KvEventRecord};
 use cleave_kv_index::WorkerId;
 use cleave_proto::v1 as pb;
 use cleave_proto::v1::decode_worker_client::DecodeWorkerClient;
 use cleave_proto::v1::prefill_worker_client::PrefillWorkerClient;
+use cleave_types::kv::{BlockHash, KvEvent, KvEventRecord};
 use tokio_util::sync::CancellationToken;
 
 use crate::dispatch::Cluster;

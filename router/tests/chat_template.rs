@@ -8,8 +8,8 @@ use crate::support;
 
 use std::path::Path;
 
-use cleave_engine::safetensors::Dtype;
-use cleave_engine::tiny::{write_model, Kind};
+use cleave_text::safetensors::Dtype;
+use cleave_text::tiny::{write_model, Kind};
 use serde_json::Value;
 use support::{chat, config, scratch, worker, Router};
 

@@ -37,10 +37,10 @@ fn model_dir() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("epp-tiny-llama");
-        cleave_engine::tiny::write_model(
+        cleave_text::tiny::write_model(
             &dir,
-            cleave_engine::tiny::Kind::Llama,
-            cleave_engine::safetensors::Dtype::F32,
+            cleave_text::tiny::Kind::Llama,
+            cleave_text::safetensors::Dtype::F32,
             7,
         )
         .expect("writing the tiny model");

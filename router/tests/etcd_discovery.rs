@@ -8,8 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use cleave_engine::gguf::default_model_path;
 use cleave_router::config::RouterConfig;
+use cleave_text::gguf::default_model_path;
 use cleave_worker::WorkerConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;

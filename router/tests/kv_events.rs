@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use axum::routing::{get, post};
 use bytes::Bytes;
-use cleave_engine::kv::block_hashes;
 use cleave_kv_index::WorkerId;
 use cleave_router::api::backend::{Backend, BackendEvent, BackendRequest};
 use cleave_router::dispatch::Cluster;
@@ -19,6 +18,7 @@ use cleave_router::events::{
 };
 use cleave_router::place::view::RECENT_HALF_LIFE_PER_WORKER;
 use cleave_router::place::{BuildPolicy, PlaceConfig, PolicyKind, Role};
+use cleave_types::kv::block_hashes;
 use rmpv::Value;
 use tokio::sync::watch;
 use tokio_stream::StreamExt;
@@ -394,7 +394,7 @@ async fn prefix_load_places_requests_on_the_pod_holding_the_prefix() {
         let req = BackendRequest {
             request_id: "r".into(),
             prompt: p.clone(),
-            params: cleave_engine::sample::SamplingParams {
+            params: cleave_text::sample::SamplingParams {
                 max_tokens: 4,
                 ..Default::default()
             },
@@ -438,7 +438,7 @@ async fn prefix_load_places_requests_on_the_pod_holding_the_prefix() {
     let req = BackendRequest {
         request_id: "cold".into(),
         prompt: p,
-        params: cleave_engine::sample::SamplingParams {
+        params: cleave_text::sample::SamplingParams {
             max_tokens: 4,
             ..Default::default()
         },
@@ -468,7 +468,7 @@ struct Cli {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_router_in_kv_events_mode_serves_through_the_pod_holding_the_prefix() {
     use clap::Parser;
-    let model = cleave_engine::gguf::default_model_path();
+    let model = cleave_text::gguf::default_model_path();
     if !model.exists() {
         eprintln!("SKIPPED: model {} not present", model.display());
         return;

@@ -8,13 +8,13 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use cleave_engine::sample::SamplingParams;
 use cleave_kv_index::WorkerId;
 use cleave_proto::v1 as pb;
 use cleave_proto::v1::decode_worker_server::{DecodeWorker, DecodeWorkerServer};
 use cleave_router::api::backend::{Backend, BackendError, BackendEvent, BackendRequest};
 use cleave_router::dispatch::{Cluster, Dispatcher};
 use cleave_router::place::{BuildPolicy, PlaceConfig, PolicyKind, Role};
+use cleave_text::sample::SamplingParams;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 

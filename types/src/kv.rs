@@ -2,8 +2,27 @@
 //!
 //! Every change to the set of cached block hashes of a worker's pool is a [`KvEventRecord`]: a
 //! [`KvEvent`] with an id that starts at 0 and increases by exactly 1 per event of that pool, so
-//! a consumer that sees the ids skip knows it has to resynchronise. How hashes are computed is
-//! the engine's (`cleave_engine::kv::hash`).
+//! a consumer that sees the ids skip knows it has to resynchronise. [`hash`] defines how block
+//! hashes are computed (Dynamo's scheme), so the router hashes a prompt as the workers do
+//! without linking the engine. [`KvRegion`] is the memory a KV pool lives in: the engine reads
+//! and writes it, the transport that moves blocks between processes provides it.
+
+pub mod hash;
+
+pub use hash::{block_hashes, next_block_hash};
+
+/// Number of tokens in one KV block unless configured otherwise.
+pub const DEFAULT_BLOCK_SIZE: usize = 16;
+
+/// Memory that backs a KV pool. The transport that moves blocks between processes provides it
+/// (UCX-allocated, registered memory); the engine's `HeapRegion` is plain memory for a single
+/// process.
+pub trait KvRegion: Send {
+    /// The whole region.
+    fn bytes(&self) -> &[u8];
+    /// The whole region, writable.
+    fn bytes_mut(&mut self) -> &mut [u8];
+}
 
 /// Chained hash of a full block: it identifies the block's tokens *and* every token before them.
 #[derive(

@@ -1,8 +1,12 @@
 //! `cleave-types`: the few types every part of cleave speaks, in a crate that depends on nothing
 //! heavy, so that a component can use them without linking the engine, UCX, etcd or tonic.
+//! Everything here is vocabulary: the engine, the transports and the router implement or use it.
 //!
-//! - [`kv`]: [`BlockHash`], the chained hash of a KV block, and the [`KvEvent`]s a worker's
-//!   prefix cache publishes ([`KvEventRecord`]: an event with its sequence id);
+//! - [`kv`]: [`BlockHash`], the chained hash of a KV block and how it is computed, the
+//!   [`KvEvent`]s a worker's prefix cache publishes ([`KvEventRecord`]: an event with its
+//!   sequence id), and the [`kv::KvRegion`] trait the KV transport implements;
+//! - [`collective`]: the [`collective::Collective`] trait a tensor- or expert-parallel step
+//!   combines ranks through, implemented by the collective transport;
 //! - [`WorkerId`]: the id a router knows a worker by;
 //! - [`FinishReason`]: why a generation ended, with its wire names;
 //! - [`choices`]: the KV element type, KV transport and collective transport a flag picks;
@@ -14,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod choices;
+pub mod collective;
 pub mod duration;
 pub mod kv;
 pub mod trace;

@@ -1,8 +1,8 @@
 //! Between the gRPC messages and the engine's types, in one place.
 
 use cleave_engine::engine::{SeqEvent, Usage};
-use cleave_engine::sample::{SamplingParams, TokenLogprob};
 use cleave_proto::v1 as pb;
+use cleave_text::sample::{SamplingParams, TokenLogprob};
 use tonic::Status;
 
 pub use cleave_proto::convert::sampling_to_wire;

@@ -80,7 +80,7 @@ pub enum WorkerError {
         root: usize,
         /// Why.
         #[source]
-        source: cleave_engine::collective::CollectiveError,
+        source: cleave_types::collective::CollectiveError,
     },
     /// A rank's KV region descriptor does not parse (or serialize).
     #[error("rank {root}'s KV region descriptor: {source}")]

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
-use cleave_engine::collective::{Collective, CollectiveError};
+use cleave_types::collective::{Collective, CollectiveError};
 
 /// The exit status of a process stopped by a fault point.
 pub const EXIT_CODE: i32 = 86;

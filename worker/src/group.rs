@@ -6,11 +6,11 @@
 use std::sync::Arc;
 
 use cleave_collective::{GroupConfig, NetGroup};
-use cleave_engine::collective::{Collective, SingleRank};
 use cleave_engine::kernels::Threads;
 use cleave_engine::load::Loaded;
 use cleave_engine::model::Model;
-use cleave_engine::tokenizer::Tokenizer;
+use cleave_text::tokenizer::Tokenizer;
+use cleave_types::collective::{Collective, SingleRank};
 
 pub use cleave_config::group::{size_from_flags, GroupArgs, Membership};
 

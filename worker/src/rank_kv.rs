@@ -11,8 +11,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cleave_engine::collective::Collective;
 use cleave_kv_transfer::{RegionDescriptor, RegionHandle, Transport, WorkerAddress, WriteOp};
+use cleave_types::collective::Collective;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 

@@ -6,13 +6,13 @@ use crate::common;
 use std::time::Duration;
 
 use cleave_decode_worker::SERVICE as DECODE;
-use cleave_engine::gguf::default_model_path;
 use cleave_engine::kernels::Threads;
 use cleave_engine::load::Loaded;
 use cleave_kv_transfer::BackendChoice;
 use cleave_prefill_worker::SERVICE as PREFILL;
 use cleave_proto::v1 as pb;
 use cleave_proto::v1::decode_worker_client::DecodeWorkerClient;
+use cleave_text::gguf::default_model_path;
 use cleave_worker::convert::kv;
 use cleave_worker::{run, Running, WorkerConfig};
 use common::{config, generate, greedy, http_get, prompts, reference, settle};

@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use anyhow::Context;
 use cleave_engine::engine::Engine;
-use cleave_engine::gguf::GgufFile;
 use cleave_engine::load::Loaded;
+use cleave_text::gguf::GgufFile;
 use serde::{Deserialize, Serialize};
 
 use super::{prompt, run_batch};

@@ -15,14 +15,14 @@ use std::time::Duration;
 use anyhow::Context;
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
-use cleave_engine::load::ModelText;
-use cleave_engine::tokenizer::Tokenizer;
 use cleave_router::admit::{Admission, AdmitConfig};
 use cleave_router::api::backend::{
     Backend, BackendError, BackendEvent, BackendRequest, BackendStream, FinishReason,
 };
 use cleave_router::api::metrics::RouterMetrics;
 use cleave_router::api::{router, ApiState};
+use cleave_text::tokenizer::Tokenizer;
+use cleave_text::ModelText;
 use prometheus_client::registry::Registry;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -113,7 +113,7 @@ pub fn app(model: &Path) -> anyhow::Result<axum::Router> {
     let metrics = Arc::new(RouterMetrics::new(&mut registry));
     let state = Arc::new(ApiState {
         backend: Arc::new(Echo::new(text.tokenizer.clone())),
-        grammars: Arc::new(cleave_engine::constrain::LazyGrammars::new(
+        grammars: Arc::new(cleave_text::constrain::LazyGrammars::new(
             text.tokenizer.clone(),
             None,
         )),

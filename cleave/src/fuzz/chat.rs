@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cleave_engine::chat::{ChatError, ChatMessage, ChatTemplate};
-use cleave_engine::load::ModelText;
+use cleave_text::chat::{ChatError, ChatMessage, ChatTemplate};
+use cleave_text::ModelText;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -35,7 +35,7 @@ pub fn templates(model: &Path) -> Vec<(String, Arc<ChatTemplate>)> {
         }
         Err(e) => eprintln!("fuzz chat: no model template ({e})"),
     }
-    for (name, source) in cleave_engine::chat::builtin::all() {
+    for (name, source) in cleave_text::chat::builtin::all() {
         let t = ChatTemplate::new(source, "<s>", "</s>").expect("built-in templates compile");
         out.push((format!("built-in {name}"), Arc::new(t)));
     }

@@ -9,14 +9,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cleave_engine::chat::ChatTemplate;
-use cleave_engine::collective::SingleRank;
-use cleave_engine::gguf::{GgufError, GgufFile};
 use cleave_engine::kernels::Threads;
 use cleave_engine::kv::memory::{KvCache, KvDtype};
 use cleave_engine::kv::BlockId;
 use cleave_engine::model::{Logits, Model, SeqChunk, Workspace};
-use cleave_engine::tokenizer::Tokenizer;
+use cleave_text::chat::ChatTemplate;
+use cleave_text::gguf::{GgufError, GgufFile};
+use cleave_text::tokenizer::Tokenizer;
+use cleave_types::collective::SingleRank;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::Rng;

@@ -21,10 +21,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use cleave_decode_worker::SERVICE as DECODE;
-use cleave_engine::tiny;
 use cleave_kv_transfer::BackendChoice;
 use cleave_prefill_worker::SERVICE as PREFILL;
 use cleave_proto::v1 as pb;
+use cleave_text::tiny;
 use cleave_worker::convert::kv;
 use cleave_worker::{run, Running, WorkerConfig};
 use prost::bytes::{Buf, BufMut};
@@ -464,7 +464,7 @@ pub fn fuzz(cases: Cases) -> anyhow::Result<Tally> {
     tiny::write_model(
         &dir,
         tiny::Kind::Llama,
-        cleave_engine::safetensors::Dtype::F32,
+        cleave_text::safetensors::Dtype::F32,
         1,
     )?;
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -10,13 +10,13 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use cleave_engine::gguf::{default_model_path, GgufFile};
 use cleave_engine::kernels::Threads;
 use cleave_engine::kv::memory::KvDtype;
 use cleave_engine::load::Loaded;
 use cleave_engine::model::reference::greedy_split;
 use cleave_proto::v1 as pb;
 use cleave_proto::v1::decode_worker_client::DecodeWorkerClient;
+use cleave_text::gguf::{default_model_path, GgufFile};
 
 /// Taken by the tests that start several model processes (the worker groups of `group` and
 /// `group_pd`): one such test at a time on small machines, across the files of this binary.

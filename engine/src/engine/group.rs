@@ -17,10 +17,10 @@
 
 use std::time::Duration;
 
-use crate::collective::{Collective, CollectiveError};
 use crate::kv::memory::KvCache;
 use crate::kv::BlockId;
 use crate::model::{Logits, Model, SeqChunk, Workspace};
+use cleave_types::collective::{Collective, CollectiveError};
 
 const STOP: u8 = 0;
 const HEARTBEAT: u8 = 1;

@@ -5,13 +5,13 @@ use std::sync::{mpsc, Arc};
 
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::collective::CollectiveError;
-use crate::constrain::{ConstraintState, Progress};
 use crate::kv::memory::KvCache;
 use crate::kv::BlockId;
 use crate::model::{Logits, Model, SeqChunk, Workspace};
 use crate::schedule::{Planned, PrefillMode, Scheduler, SeqId, Sequence};
-use crate::tokenizer::{StreamDecoder, Tokenizer};
+use cleave_text::constrain::{ConstraintState, Progress};
+use cleave_text::tokenizer::{StreamDecoder, Tokenizer};
+use cleave_types::collective::CollectiveError;
 
 mod blocks;
 mod lockstep;
@@ -461,7 +461,7 @@ impl Worker {
         &mut self,
         index: usize,
         tok: u32,
-        logprob: Option<crate::sample::TokenLogprob>,
+        logprob: Option<cleave_text::sample::TokenLogprob>,
     ) -> Option<(FinishReason, String)> {
         self.stats.generated_tokens += 1;
         let s = &self.sched.running[index];

@@ -1,6 +1,7 @@
 //! Kernel tests: every format × backend against an f64 reference, bit-identical results across
 //! backends, batch sizes, tile remainders and thread counts, slicing, and error cases.
 
+use cleave_text::gguf::ByteOwner;
 use half::f16;
 use proptest::prelude::*;
 

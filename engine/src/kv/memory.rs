@@ -87,14 +87,9 @@ impl KvLayout {
     }
 }
 
-/// Memory that backs a KV pool. The transport that moves blocks between processes provides it
-/// (UCX-allocated, registered memory); [`HeapRegion`] is plain memory for a single process.
-pub trait KvRegion: Send {
-    /// The whole region.
-    fn bytes(&self) -> &[u8];
-    /// The whole region, writable.
-    fn bytes_mut(&mut self) -> &mut [u8];
-}
+/// Memory that backs a KV pool (the trait lives in `cleave-types`, where the transport that
+/// provides it implements it without linking the engine).
+pub use cleave_types::kv::KvRegion;
 
 /// A region allocated on the heap, 8-byte aligned.
 pub struct HeapRegion(Vec<u64>);

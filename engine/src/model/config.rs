@@ -1,7 +1,7 @@
 //! The model's hyper-parameters, read from GGUF metadata (`{arch}.*` keys) or from a Hugging
 //! Face `config.json` ([`super::hf`]).
 
-use crate::gguf::GgufFile;
+use cleave_text::gguf::GgufFile;
 
 use super::ModelError;
 
@@ -237,7 +237,7 @@ impl ModelConfig {
         let n_layers = u("block_count")?;
         let rope_theta = g.get_f32(&key("rope.freq_base")).unwrap_or(10_000.0);
         let rope_dim = u("rope.dimension_count").unwrap_or(head_dim);
-        let context_length = u("context_length").unwrap_or(2048);
+        let context_length = cleave_text::model_text::gguf_context_length(g);
         let rope_scaling = read_rope_scaling(g, &arch_name, arch, rope_dim, context_length)?;
         let options = read_options(
             g,
@@ -509,7 +509,7 @@ fn window_layers(
         let flags: Option<Vec<bool>> = flags
             .iter()
             .map(|v| match v {
-                crate::gguf::MetaValue::Bool(b) => Some(*b),
+                cleave_text::gguf::MetaValue::Bool(b) => Some(*b),
                 _ => None,
             })
             .collect();

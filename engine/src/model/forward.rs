@@ -1,9 +1,9 @@
 //! The layer loop.
 
-use crate::collective::CollectiveError;
 use crate::kernels::{Activations, QMatrix};
 use crate::kv::memory::KvCache;
 use crate::kv::BlockId;
+use cleave_types::collective::CollectiveError;
 
 use super::attention::{attend, write_kv, AttnParams, AttnScratch, TokenSlot};
 use super::config::{Activation, ModelConfig, RopeScaling};

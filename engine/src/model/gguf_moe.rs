@@ -3,8 +3,8 @@
 //! expert's matrix contiguous), and for Qwen2-MoE the shared expert `ffn_*_shexp` with its gate
 //! vector `ffn_gate_inp_shexp`. Each rank reads only its experts' bytes.
 
-use crate::gguf::{GgmlType, GgufFile};
 use crate::kernels::QMatrix;
+use cleave_text::gguf::{GgmlType, GgufFile};
 
 use super::config::ModelConfig;
 use super::moe::{MoeLayer, SharedExpert};

@@ -9,7 +9,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::kernels::QMatrix;
-use crate::safetensors::SafeTensors;
+use cleave_text::safetensors::SafeTensors;
 
 use super::config::{Arch, ArchOptions, ModelConfig, MoeConfig, RopeScaling, RopeStyle};
 use super::moe::{MoeLayer, SharedExpert};
@@ -110,7 +110,7 @@ fn parse_config(v: &Value) -> Result<ModelConfig, String> {
         rope_dim: head_dim,
         rms_eps: f("rms_norm_eps", 1e-6),
         vocab: u("vocab_size")?,
-        context_length: opt_u("max_position_embeddings").unwrap_or(2048),
+        context_length: cleave_text::model_text::hf_context_length(v),
         // HF checkpoints rotate halves (`rotate_half`); only GGUF llama files are permuted.
         rope_style: RopeStyle::Neox,
         rope_scaling: RopeScaling::default(),

@@ -15,8 +15,8 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::collective::CollectiveError;
 use crate::kernels::{Activations, QMatrix, Threads};
+use cleave_types::collective::CollectiveError;
 
 use super::forward::matmul;
 use super::ops::swiglu;

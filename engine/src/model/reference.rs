@@ -3,12 +3,12 @@
 
 use std::sync::Arc;
 
-use crate::collective::{Collective, LocalGroup};
-use crate::gguf::GgufFile;
 use crate::kernels::Threads;
 use crate::kv::memory::{KvCache, KvDtype};
 use crate::kv::BlockId;
-use crate::sample::argmax;
+use cleave_text::gguf::GgufFile;
+use cleave_text::sample::argmax;
+use cleave_types::collective::{Collective, LocalGroup};
 
 use super::{Logits, Model, SeqChunk, Workspace};
 

@@ -3,10 +3,10 @@
 
 use serde::Serialize;
 
-use crate::collective::CollectiveError;
 use crate::kv::memory::{KvCache, KvDtype};
 use crate::kv::BlockId;
-use crate::sample::argmax;
+use cleave_text::sample::argmax;
+use cleave_types::collective::CollectiveError;
 
 use super::{Logits, Model, SeqChunk, Workspace};
 

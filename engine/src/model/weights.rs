@@ -3,8 +3,8 @@
 //! Column-parallel matrices (Q, K, V, gate, up, the LM head) are split by output rows, row-parallel
 //! ones (attention output, down) by input columns; with `world == 1` nothing is split.
 
-use crate::gguf::{GgmlType, GgufFile};
 use crate::kernels::{QMatrix, WeightType};
+use cleave_text::gguf::{GgmlType, GgufFile};
 
 use super::config::ModelConfig;
 use super::moe::MoeLayer;

@@ -1,14 +1,14 @@
-//! Tiny random-weight checkpoints (written by `cleave_engine::tiny`) and helpers to run a
+//! Tiny random-weight checkpoints (written by `cleave_text::tiny`) and helpers to run a
 //! model on the ranks of an in-process group.
 #![allow(dead_code, unused_imports)]
 
 use std::sync::Arc;
 
-use cleave_engine::collective::{Collective, LocalGroup};
 use cleave_engine::kv::memory::{KvCache, KvDtype};
 use cleave_engine::kv::BlockId;
 use cleave_engine::model::{Logits, Model, SeqChunk, Workspace};
-pub use cleave_engine::tiny::{Kind, VOCAB};
+pub use cleave_text::tiny::{Kind, VOCAB};
+use cleave_types::collective::{Collective, LocalGroup};
 
 /// Runs `f` on every rank of an in-process group of `world`; results in rank order.
 pub fn on_ranks<T: Send>(world: usize, f: impl Fn(Arc<dyn Collective>) -> T + Sync) -> Vec<T> {
@@ -61,8 +61,8 @@ pub fn max_diff(got: &[f32], want: &[f32]) -> (f32, f32) {
 pub fn write_model(
     dir: &std::path::Path,
     kind: Kind,
-    dtype: cleave_engine::safetensors::Dtype,
+    dtype: cleave_text::safetensors::Dtype,
     seed: u64,
 ) {
-    cleave_engine::tiny::write_model(dir, kind, dtype, seed).expect("writing a tiny checkpoint");
+    cleave_text::tiny::write_model(dir, kind, dtype, seed).expect("writing a tiny checkpoint");
 }

@@ -8,7 +8,7 @@
 
 use std::pin::Pin;
 
-use cleave_engine::sample::SamplingParams;
+use cleave_text::sample::SamplingParams;
 
 /// One generation to place and run: a tokenized prompt and how to sample from it.
 #[derive(Clone, Debug, PartialEq)]

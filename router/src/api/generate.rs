@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use cleave_engine::tokenizer::Tokenizer;
+use cleave_text::tokenizer::Tokenizer;
 use tokio::time::Instant;
 use tokio_stream::{StreamExt, StreamMap};
 

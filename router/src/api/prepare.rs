@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
-use cleave_engine::chat::{ChatError, ChatMessage, ChatTemplate};
-use cleave_engine::constrain::{Constraint, LazyGrammars};
-use cleave_engine::sample::SamplingParams;
-use cleave_engine::tokenizer::Tokenizer;
+use cleave_text::chat::{ChatError, ChatMessage, ChatTemplate};
+use cleave_text::constrain::{Constraint, LazyGrammars};
+use cleave_text::sample::SamplingParams;
+use cleave_text::tokenizer::Tokenizer;
 
 use super::error::ApiError;
 use super::openai::{CompletionRequest, Content, Logprobs, Message, Prompt, Stop};
@@ -342,7 +342,7 @@ pub fn tokenize(
                 ApiError::bad_request(format!(
                     "this model has no chat template: serve it with --chat-template (a built-in \
                      name: {}; a Jinja file; or the template text), or use /v1/completions",
-                    cleave_engine::chat::builtin::names()
+                    cleave_text::chat::builtin::names()
                 ))
             })?;
             let rendered = if template.supports_tools() {

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::body::Bytes;
-use cleave_engine::tokenizer::Tokenizer;
+use cleave_text::tokenizer::Tokenizer;
 use serde::Serialize;
 use tokio::time::{Instant, Sleep};
 use tokio_stream::{Stream, StreamMap};

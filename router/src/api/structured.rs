@@ -2,7 +2,7 @@
 //! extensions, read into the engine's [`Constraint`] (compiled, and so checked, before the
 //! request is placed).
 
-use cleave_engine::constrain::Constraint;
+use cleave_text::constrain::Constraint;
 use serde_json::Value;
 
 use super::error::ApiError;

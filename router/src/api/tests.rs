@@ -13,9 +13,9 @@ use std::task::{Context, Poll};
 
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode};
-use cleave_engine::chat::{ChatMessage, ChatTemplate};
-use cleave_engine::gguf::{default_model_path, GgufFile};
-use cleave_engine::tokenizer::Tokenizer;
+use cleave_text::chat::{ChatMessage, ChatTemplate};
+use cleave_text::gguf::{default_model_path, GgufFile};
+use cleave_text::tokenizer::Tokenizer;
 use prometheus_client::registry::Registry;
 use serde_json::{json, Value};
 use tokio_stream::Stream;
@@ -214,10 +214,7 @@ pub(super) fn harness(opts: Opts) -> Option<Harness> {
     let metrics = Arc::new(RouterMetrics::new(&mut registry));
     let state = Arc::new(ApiState {
         backend: fake.clone(),
-        grammars: Arc::new(cleave_engine::constrain::LazyGrammars::new(
-            tok.clone(),
-            None,
-        )),
+        grammars: Arc::new(cleave_text::constrain::LazyGrammars::new(tok.clone(), None)),
         tokenizer: tok,
         template: Some(tmpl),
         max_context: opts.max_context,

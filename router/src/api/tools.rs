@@ -6,8 +6,8 @@
 //! Calls use the Hermes / Qwen format: `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`
 //! ([`super::toolparse`] reads it back).
 
-use cleave_engine::chat::ChatMessage;
-use cleave_engine::constrain::{lark_json, lark_literal, Constraint, LazyGrammars};
+use cleave_text::chat::ChatMessage;
+use cleave_text::constrain::{lark_json, lark_literal, Constraint, LazyGrammars};
 use serde_json::{json, Value};
 
 use super::error::ApiError;

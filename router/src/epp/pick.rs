@@ -19,9 +19,9 @@
 use crate::dispatch::Cluster;
 use std::sync::Arc;
 
-use cleave_engine::chat::ChatTemplate;
-use cleave_engine::tokenizer::Tokenizer;
 use cleave_kv_index::WorkerId;
+use cleave_text::chat::ChatTemplate;
+use cleave_text::tokenizer::Tokenizer;
 
 use super::pool::Pool;
 use super::scrape::PromptBlocks;

@@ -4,7 +4,7 @@
 //! a per-process random `NONE_HASH` unless `PYTHONHASHSEED` is set, LoRA names, multimodal
 //! hashes and cache salts). Instead, like llm-d's indexer, it uses the token ids that every
 //! `BlockStored` carries: each engine block's hash is an opaque id mapped to the *router's*
-//! chained XXH3 hashes of the same tokens (`cleave_engine::kv::next_block_hash`, router block
+//! chained XXH3 hashes of the same tokens (`cleave_types::kv::next_block_hash`, router block
 //! size, 16 by default), so requests are looked up with the hashes the router already computes.
 //!
 //! Per engine block the map keeps the chain state after it (the router hash of the last full
@@ -22,7 +22,7 @@
 
 use std::collections::HashMap;
 
-use cleave_engine::kv::{next_block_hash, BlockHash};
+use cleave_types::kv::{next_block_hash, BlockHash};
 use smallvec::SmallVec;
 
 use super::wire::{BlockStored, EngineHash};
@@ -244,7 +244,7 @@ impl PodChains {
 
 #[cfg(test)]
 mod tests {
-    use cleave_engine::kv::block_hashes;
+    use cleave_types::kv::block_hashes;
 
     use super::*;
 

@@ -185,7 +185,7 @@ impl PodFeed {
 
 #[cfg(test)]
 mod tests {
-    use cleave_engine::kv::block_hashes;
+    use cleave_types::kv::block_hashes;
 
     use super::*;
     use crate::events::wire::{BlockStored, EngineHash};

@@ -115,7 +115,7 @@ struct Cli {
 /// The model whose tokenizer the router reads; `None` (test skipped, said on stderr) when
 /// it is not there.
 pub fn model() -> Option<PathBuf> {
-    let model = cleave_engine::gguf::default_model_path();
+    let model = cleave_text::gguf::default_model_path();
     if model.exists() {
         Some(model)
     } else {

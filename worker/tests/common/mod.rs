@@ -6,13 +6,13 @@
 use std::time::Duration;
 
 use cleave_engine::engine::{token_ids, Engine, EngineConfig, GenerateRequest};
-use cleave_engine::gguf::default_model_path;
 use cleave_engine::kernels::Threads;
 use cleave_engine::load::Loaded;
-use cleave_engine::sample::SamplingParams;
 use cleave_kv_transfer::BackendChoice;
 use cleave_proto::v1 as pb;
 use cleave_proto::v1::decode_worker_client::DecodeWorkerClient;
+use cleave_text::gguf::default_model_path;
+use cleave_text::sample::SamplingParams;
 use cleave_worker::{Running, WorkerConfig};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

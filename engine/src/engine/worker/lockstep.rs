@@ -1,9 +1,9 @@
 //! The leader's side of a worker group: stopping the followers, failing the engine when the
 //! group breaks, heartbeats while idle.
 
-use crate::collective::CollectiveError;
 use crate::engine::group::{encode_control, encode_relay};
 use crate::engine::FinishReason;
+use cleave_types::collective::CollectiveError;
 
 use super::Worker;
 

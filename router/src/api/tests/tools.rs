@@ -3,7 +3,7 @@
 //! and a 400 naming the field for every bad schema, grammar, tool or history.
 
 use axum::http::StatusCode;
-use cleave_engine::constrain::Constraint;
+use cleave_text::constrain::Constraint;
 use serde_json::{json, Value};
 
 use super::streaming::parse;

@@ -13,9 +13,11 @@ fn real_tokenizer() -> Option<Tokenizer> {
     Some(Tokenizer::from_gguf(&g).expect("build tokenizer"))
 }
 
+/// The engine's test data: the reference text and llama.cpp's record of it, which the engine's
+/// accuracy tests read too.
 fn data(name: &str) -> String {
     let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
+        .join("../engine/tests/data")
         .join(name);
     std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
 }

@@ -13,6 +13,7 @@ mod parse;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 /// Errors from reading a GGUF file or looking things up in it.
@@ -380,7 +381,7 @@ impl TensorInfo {
 /// Where the file's bytes live: a read-only memory map of the file, or bytes owned in memory;
 /// shared, so that weights kept in the file's layout can borrow them beyond the parse
 /// ([`GgufFile::tensor_shared`]).
-struct Storage(crate::kernels::ByteOwner);
+struct Storage(ByteOwner);
 
 impl Storage {
     fn bytes(&self) -> &[u8] {
@@ -546,12 +547,9 @@ impl GgufFile {
 
     /// The raw bytes of the tensor called `name`, borrowed from the file's map for as long as
     /// the returned value lives (the map outlives this `GgufFile` then): no copy.
-    pub fn tensor_shared(&self, name: &str) -> Result<crate::kernels::SharedBytes, GgufError> {
+    pub fn tensor_shared(&self, name: &str) -> Result<SharedBytes, GgufError> {
         let range = self.tensor_range(name)?;
-        Ok(crate::kernels::SharedBytes::new(
-            self.storage.0.clone(),
-            range,
-        ))
+        Ok(SharedBytes::new(self.storage.0.clone(), range))
     }
 
     /// Where the tensor called `name` lies in the file, checked to lie inside it.
@@ -644,6 +642,43 @@ fn check_sizes(tensors: &[TensorInfo]) -> Result<(), GgufError> {
         }
     }
     Ok(())
+}
+
+/// What shared bytes belong to: a memory map of the model file, or a buffer.
+pub type ByteOwner = std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+/// Bytes borrowed from a shared owner (the memory-mapped model file), so that a matrix kept in
+/// the file's own layout needs no second copy: the file's pages are the weights.
+#[derive(Clone)]
+pub struct SharedBytes {
+    owner: ByteOwner,
+    range: Range<usize>,
+}
+
+impl SharedBytes {
+    /// `range` of `owner`'s bytes. Panics if the range does not lie inside them.
+    pub fn new(owner: ByteOwner, range: Range<usize>) -> Self {
+        assert!(
+            range.start <= range.end && range.end <= (*owner).as_ref().len(),
+            "shared range {range:?} outside its owner"
+        );
+        SharedBytes { owner, range }
+    }
+
+    /// The borrowed bytes.
+    #[inline]
+    pub fn bytes(&self) -> &[u8] {
+        &(*self.owner).as_ref()[self.range.clone()]
+    }
+
+    /// Bytes `r` of these (relative to their start). Panics if out of range.
+    pub fn sub(&self, r: Range<usize>) -> SharedBytes {
+        assert!(r.start <= r.end && r.end <= self.range.len());
+        SharedBytes {
+            owner: self.owner.clone(),
+            range: self.range.start + r.start..self.range.start + r.end,
+        }
+    }
 }
 
 /// Path of the default model for tests and tools: `$CLEAVE_MODEL` if set, else

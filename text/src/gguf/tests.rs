@@ -411,17 +411,3 @@ fn tensor_sizes_are_checked_against_the_next_tensor() {
     assert_eq!(g.tensor_data("a").unwrap().len(), 288);
     assert_eq!(g.tensor_f32("b").unwrap(), vec![1.0, -2.0, 0.5, 3.0]);
 }
-
-#[test]
-fn inspect_survives_sizes_whose_sum_overflows() {
-    // Two tensors of a type cleave does not know, each claiming 2^63 elements: their sum does
-    // not fit a u64 (`cleave fuzz --target gguf` found the overflow).
-    let mut b = Builder::new(3);
-    b.tensor("a", &[1 << 32, 1 << 31], 200, 0);
-    b.tensor("b", &[1 << 32, 1 << 31], 200, 0);
-    b.finish_header();
-    b.pad(32);
-    let g = GgufFile::from_bytes(b.bytes).expect("unknown types are parsed, not sized");
-    let text = crate::inspect::inspect(&g).to_string();
-    assert!(text.contains("tensors:"), "{text}");
-}

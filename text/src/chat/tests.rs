@@ -257,7 +257,7 @@ impl Drop for Scratch {
 }
 
 /// A tiny Hugging Face model directory whose `tokenizer_config.json` has no chat template.
-fn model_without_template(dir: &std::path::Path) -> crate::load::ModelText {
+fn model_without_template(dir: &std::path::Path) -> crate::model_text::ModelText {
     crate::tiny::write_model(
         dir,
         crate::tiny::Kind::Llama,
@@ -270,7 +270,7 @@ fn model_without_template(dir: &std::path::Path) -> crate::load::ModelText {
         r#"{"add_bos_token": false}"#,
     )
     .unwrap();
-    crate::load::ModelText::open(dir).unwrap()
+    crate::model_text::ModelText::open(dir).unwrap()
 }
 
 #[test]
@@ -280,7 +280,7 @@ fn chat_template_flag_takes_a_name_a_file_or_the_text() {
     assert!(text.template.is_none());
     let user = [ChatMessage::new("user", "Hi")];
     let render = |flag: &str| {
-        let t = crate::load::ModelText::open(&tmp.path().join("model"))
+        let t = crate::model_text::ModelText::open(&tmp.path().join("model"))
             .unwrap()
             .with_chat_template(Some(flag))
             .unwrap();
