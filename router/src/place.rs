@@ -1,11 +1,12 @@
 //! The placement hop: pick a decode worker and, unless the uncached part of the prompt is short,
 //! a separate prefill worker.
 //!
-//! The caller (the router's dispatch, or the simulator) asks the prefix index for the prompt's
-//! per-worker matches, builds a [`PlacementRequest`], calls [`Policy::place`] with its
-//! [`WorkerView`], and then *charges* the placement to the view right away
-//! ([`WorkerView::charge`], optimistic accounting) and releases it when prefill is done and when
-//! the request finishes. Policies are pure functions of request and view (plus a seeded RNG for
+//! The caller asks the prefix index for the prompt's per-worker matches, builds a
+//! [`PlacementRequest`], calls [`Policy::place`] with its [`WorkerView`], and then *charges* the
+//! placement to the view right away ([`WorkerView::charge`], optimistic accounting) and releases
+//! it when prefill is done and when the request finishes. In the router (the decode-worker,
+//! engine-pod and endpoint-picker paths alike) these steps are one call on the one owner of that
+//! state, [`state::PlacementState::place`]; the simulator runs them on its own copy. Policies are pure functions of request and view (plus a seeded RNG for
 //! ties), one per file below:
 //! - [`prefix_optimistic`] (default): `prefix-load` over matches extended with the router's
 //!   in-flight placements ([`in_flight`]);
@@ -32,6 +33,7 @@ pub mod random;
 pub mod rng;
 pub mod round_robin;
 pub mod sglang_cache_aware;
+pub mod state;
 pub mod view;
 
 #[cfg(test)]
@@ -40,6 +42,7 @@ mod tests;
 use cleave_kv_index::{Matches, WorkerId};
 
 pub use in_flight::{InFlight, Ticket};
+pub use state::{PlacementState, Reservation};
 pub use view::{Charge, Load, Role, WorkerState, WorkerView};
 
 /// What a policy needs to know about one request.

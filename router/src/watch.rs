@@ -42,6 +42,7 @@ fn load(role: Role, l: &pb::Load) -> Load {
 
 /// Follows one worker until `shutdown`.
 pub async fn follow(cluster: Arc<Cluster>, id: WorkerId, shutdown: CancellationToken) {
+    let placement = cluster.placement();
     let mut backoff = Duration::from_millis(100);
     loop {
         let Some(entry) = cluster.get(id) else { return };
@@ -65,32 +66,28 @@ pub async fn follow(cluster: Arc<Cluster>, id: WorkerId, shutdown: CancellationT
                 };
                 let Ok(Some(update)) = msg else { break };
                 if first {
-                    cluster.index.lock().expect("index").apply_snapshot(
-                        id,
-                        update.snapshot.iter().copied().map(BlockHash),
-                        Some(update.next_event_id),
-                    );
-                    cluster.view.lock().expect("view").set_healthy(id, true);
+                    placement.with_index(|index| {
+                        index.apply_snapshot(
+                            id,
+                            update.snapshot.iter().copied().map(BlockHash),
+                            Some(update.next_event_id),
+                        )
+                    });
+                    placement.set_healthy(id, true);
                     tracing::info!(worker = %id, endpoint = %entry.endpoint, "worker healthy");
                     backoff = Duration::from_millis(100);
                     first = false;
                 }
-                let mut gap = false;
-                {
-                    let mut index = cluster.index.lock().expect("index");
-                    for r in update.events.into_iter().filter_map(record) {
-                        if index.apply(id, &r).is_err() {
-                            gap = true;
-                            break;
-                        }
-                    }
-                }
+                // The first event that does not follow its predecessor is a gap.
+                let gap = placement.with_index(|index| {
+                    update
+                        .events
+                        .into_iter()
+                        .filter_map(record)
+                        .any(|r| index.apply(id, &r).is_err())
+                });
                 if let Some(l) = &update.load {
-                    cluster
-                        .view
-                        .lock()
-                        .expect("view")
-                        .report(id, load(entry.role, l));
+                    placement.with_view(|view| view.report(id, load(entry.role, l)));
                 }
                 if gap {
                     tracing::warn!(worker = %id, "KV event gap: resyncing");
@@ -98,7 +95,7 @@ pub async fn follow(cluster: Arc<Cluster>, id: WorkerId, shutdown: CancellationT
                 }
             }
         }
-        cluster.view.lock().expect("view").set_healthy(id, false);
+        placement.set_healthy(id, false);
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(backoff) => {}

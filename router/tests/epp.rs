@@ -118,7 +118,7 @@ async fn wait_healthy(running: &epp::Running, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let healthy = {
-            let view = running.pool.cluster().view.lock().unwrap();
+            let view = running.pool.cluster().placement().view();
             view.iter().filter(|w| w.healthy).count()
         };
         if healthy == n {
@@ -146,9 +146,8 @@ async fn wait_queue(running: &epp::Running, dest: SocketAddr, queue_depth: u64) 
         let q = running
             .pool
             .cluster()
-            .view
-            .lock()
-            .unwrap()
+            .placement()
+            .view()
             .get(id)
             .map(|w| w.reported.queue_depth);
         if q == Some(queue_depth) {
@@ -425,7 +424,7 @@ async fn headers_answer_first_then_the_body_in_order_and_load_decides() {
         .expect("a member")
         .0;
     let recent = || {
-        let view = running.pool.cluster().view.lock().unwrap();
+        let view = running.pool.cluster().placement().view();
         view.get(idle_id).unwrap().recent_prefill_blocks
     };
     assert!(recent() > 0.0, "the pick charged the prompt's blocks");

@@ -181,7 +181,7 @@ async fn router_discovers_and_drops_an_etcd_registered_worker() {
 
     let cluster = router.cluster.clone();
     wait_for("the router to find the worker", 20, || {
-        cluster.healthy_decode_workers() > 0
+        cluster.placement().healthy_decode_workers() > 0
     })
     .await;
     let all = cluster.all();

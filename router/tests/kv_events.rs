@@ -199,10 +199,8 @@ async fn wait(rx: &mut watch::Receiver<FeedStats>, f: impl FnMut(&FeedStats) -> 
 
 fn matched(cluster: &Cluster, w: WorkerId, prompt: &[u32]) -> usize {
     cluster
-        .index
-        .lock()
-        .unwrap()
-        .find_matches(&block_hashes(prompt, 16, 0))
+        .placement()
+        .with_index(|i| i.find_matches(&block_hashes(prompt, 16, 0)))
         .matched(w)
 }
 
@@ -230,7 +228,7 @@ async fn events_gap_replay_and_restart_keep_the_index_right() {
     let mut seq = publisher.sync(1, &mut rx).await;
     let prompt = tokens(100..180);
     assert_eq!(matched(&cluster, w, &prompt), 2);
-    assert_eq!(cluster.index.lock().unwrap().worker_blocks(w), 2);
+    assert_eq!(cluster.placement().with_index(|i| i.worker_blocks(w)), 2);
 
     // A gap: batch `seq` (a third block) is only in the replay buffer; the next one (a fourth
     // block, its child) is published. The router replays the missing batch first.
@@ -257,17 +255,17 @@ async fn events_gap_replay_and_restart_keep_the_index_right() {
     // now, so still 3 blocks), then a removal of one of them and AllBlocksCleared.
     publisher.publish(seq, MAP_0).await;
     wait(&mut rx, |s| s.last_seq == Some(seq)).await;
-    assert_eq!(cluster.index.lock().unwrap().worker_blocks(w), 3);
+    assert_eq!(cluster.placement().with_index(|i| i.worker_blocks(w)), 3);
     publisher.publish(seq + 1, MAP_1).await;
     wait(&mut rx, |s| s.last_seq == Some(seq + 1)).await;
-    assert_eq!(cluster.index.lock().unwrap().worker_blocks(w), 0);
+    assert_eq!(cluster.placement().with_index(|i| i.worker_blocks(w)), 0);
 
     // The engine restarts: its sequence starts at 0 again and its cache is empty.
     publisher
         .publish(seq + 2, &stored_batch(&[31], None, &tokens(0..16)))
         .await;
     wait(&mut rx, |s| s.last_seq == Some(seq + 2)).await;
-    assert_eq!(cluster.index.lock().unwrap().worker_blocks(w), 1);
+    assert_eq!(cluster.placement().with_index(|i| i.worker_blocks(w)), 1);
     publisher.publish(0, ARRAY_0).await;
     let s = wait(&mut rx, |s| s.restarts == 1 && s.last_seq == Some(0)).await;
     assert_eq!(s.bad, 0);
@@ -383,7 +381,7 @@ async fn prefix_load_places_requests_on_the_pod_holding_the_prefix() {
 
     // Both pods answer /health.
     let deadline = tokio::time::Instant::now() + WAIT;
-    while !cluster.view.lock().unwrap().iter().all(|w| w.healthy) {
+    while !cluster.placement().view().iter().all(|w| w.healthy) {
         assert!(tokio::time::Instant::now() < deadline, "pods never healthy");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -429,7 +427,7 @@ async fn prefix_load_places_requests_on_the_pod_holding_the_prefix() {
     // A prompt neither pod holds is charged as 5 blocks to compute; the pod's usage says it had
     // 64 tokens cached, so its recent prefill work grows by the 1 block it computed.
     let recent = |w| {
-        let view = cluster.view.lock().unwrap();
+        let view = cluster.placement().view();
         view.get(w).unwrap().recent_prefill_blocks
     };
     let before = [recent(w0), recent(w1)];
@@ -455,7 +453,7 @@ async fn prefix_load_places_requests_on_the_pod_holding_the_prefix() {
         before[pod]
     );
     // The router's charges were all given back.
-    assert!(cluster.no_load_charged());
+    assert!(cluster.placement().no_load_charged());
     shutdown.cancel();
 }
 
@@ -508,7 +506,7 @@ async fn the_router_in_kv_events_mode_serves_through_the_pod_holding_the_prefix(
     let deadline = tokio::time::Instant::now() + WAIT;
     let mut seq = 1;
     while matched(&cluster, WorkerId(0), &a) < 2
-        || !cluster.view.lock().unwrap().iter().all(|w| w.healthy)
+        || !cluster.placement().view().iter().all(|w| w.healthy)
     {
         assert!(
             tokio::time::Instant::now() < deadline,

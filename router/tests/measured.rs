@@ -17,7 +17,7 @@ async fn a_decode_workers_cached_tokens_correct_the_recent_prefill_work() {
     let (decode, _gate) = worker_with_all_cached(true).await;
     let router = Router::start(&model, &decode, &[]).await;
     let recent = || {
-        let view = router.running.cluster.view.lock().unwrap();
+        let view = router.running.cluster.placement().view();
         let w = view.iter().next().expect("the worker");
         w.recent_prefill_blocks
     };

@@ -121,7 +121,7 @@ async fn dispatcher(behaviours: &[Behaviour]) -> (Dispatcher, Vec<Arc<AtomicUsiz
         let (endpoint, calls) = start(*b).await;
         let id = WorkerId(i as u64 + 1);
         cluster.add(id, Role::Decode, &endpoint).unwrap();
-        cluster.view.lock().unwrap().set_healthy(id, true);
+        cluster.placement().set_healthy(id, true);
         counters.push(calls);
     }
     let policy = PolicyKind::RoundRobin.build(&PlaceConfig::default());

@@ -14,8 +14,9 @@ use std::task::{ready, Context, Poll};
 use cleave_kv_index::WorkerId;
 use tokio_stream::Stream;
 
-use super::{event, Inner, Opened, Reservation, WorkerStream};
+use super::{event, Inner, Opened, WorkerStream};
 use crate::api::backend::{BackendError, BackendEvent, BackendRequest, FinishReason};
+use crate::place::Reservation;
 
 type Opening = Pin<Box<dyn Future<Output = Result<Opened, BackendError>> + Send>>;
 

@@ -1,10 +1,11 @@
-//! The live placement path (`Dispatcher::place` → `Cluster::prepare` / `Cluster::reserve`) with
-//! and without the in-flight overlay, no worker process needed (placement opens no connection).
+//! The live placement path (`Dispatcher::place` → `PlacementState::place`) with and without the
+//! in-flight overlay, no worker process needed (placement opens no connection).
 
 use cleave_kv_index::{KvEvent, KvEventRecord};
+use cleave_types::kv::block_hashes;
 
 use super::*;
-use crate::place::{BuildPolicy, PlaceConfig};
+use crate::place::{BuildPolicy, PlaceConfig, PolicyKind, Role};
 
 /// A cluster of `n` healthy `both` workers placing with `policy` (never disaggregating, so the
 /// decode worker is the one that prefills).
@@ -18,7 +19,7 @@ fn dispatcher(policy: PolicyKind, n: u64) -> (Arc<Cluster>, Dispatcher) {
                 &format!("http://127.0.0.1:{}", 9 + i),
             )
             .unwrap();
-        cluster.view.lock().unwrap().set_healthy(WorkerId(i), true);
+        cluster.placement().set_healthy(WorkerId(i), true);
     }
     let config = PlaceConfig {
         disagg_min_uncached_blocks: usize::MAX,
@@ -70,7 +71,7 @@ async fn the_overlay_counts_the_placed_prefix_on_the_decode_worker_only() {
     // A longer prompt with the same first 40 blocks.
     let mut longer = p.clone();
     longer.extend(prompt(3, 8));
-    let m = cluster.matches(&longer);
+    let m = cluster.placement().matches(&longer);
     for e in m.entries() {
         let want = if e.worker == a.decode { 40 } else { 0 };
         assert_eq!(e.matched_blocks, want, "{}", e.worker);
@@ -82,12 +83,12 @@ async fn a_request_dropped_before_its_first_token_stops_counting() {
     let (cluster, d) = dispatcher(PolicyKind::PrefixOptimistic, 4);
     let p = prompt(4, 32);
     let (_a, r) = d.inner.place(&p, 16, false).unwrap();
-    assert_eq!(cluster.in_flight_len(), 1);
+    assert_eq!(cluster.placement().in_flight_len(), 1);
     drop(r);
-    assert_eq!(cluster.in_flight_len(), 0);
-    assert_eq!(cluster.matches(&p).longest(), 0);
+    assert_eq!(cluster.placement().in_flight_len(), 0);
+    assert_eq!(cluster.placement().matches(&p).longest(), 0);
     // Its load charge went too.
-    assert!(cluster.no_load_charged());
+    assert!(cluster.placement().no_load_charged());
 }
 
 #[tokio::test]
@@ -98,27 +99,27 @@ async fn after_the_first_token_the_workers_events_take_over() {
     r.prefill_done();
     drop(r);
     // Stream over, events not in yet: the blocks still count.
-    assert_eq!(cluster.matches(&p).matched(a.decode), 32);
-    assert_eq!(cluster.in_flight_len(), 1);
+    assert_eq!(cluster.placement().matches(&p).matched(a.decode), 32);
+    assert_eq!(cluster.placement().in_flight_len(), 1);
     // The worker's `Stored` arrives: the next lookup drops the overlay entry, the index answers.
     let hashes = block_hashes(&p, BLOCK_SIZE, 0);
     cluster
-        .index
-        .lock()
-        .unwrap()
-        .apply(
-            a.decode,
-            &KvEventRecord {
-                id: 0,
-                event: KvEvent::Stored {
-                    parent: None,
-                    blocks: hashes,
+        .placement()
+        .with_index(|index| {
+            index.apply(
+                a.decode,
+                &KvEventRecord {
+                    id: 0,
+                    event: KvEvent::Stored {
+                        parent: None,
+                        blocks: hashes,
+                    },
                 },
-            },
-        )
+            )
+        })
         .unwrap();
-    assert_eq!(cluster.matches(&p).matched(a.decode), 32);
-    assert_eq!(cluster.in_flight_len(), 0);
+    assert_eq!(cluster.placement().matches(&p).matched(a.decode), 32);
+    assert_eq!(cluster.placement().in_flight_len(), 0);
 }
 
 #[tokio::test]
@@ -129,7 +130,7 @@ async fn reused_match_buffers_carry_nothing_over() {
     drop(r);
     // The buffer of that lookup is reused here: a different prompt matches nothing.
     let q = prompt(7, 16);
-    let m = cluster.matches(&q);
+    let m = cluster.placement().matches(&q);
     assert_eq!(m.entries().len(), 2);
     assert_eq!(m.longest(), 0);
 }
@@ -140,6 +141,6 @@ async fn a_removed_worker_leaves_the_overlay() {
     let p = prompt(8, 16);
     let (a, _r) = d.inner.place(&p, 16, false).unwrap();
     cluster.remove(a.decode);
-    assert_eq!(cluster.in_flight_len(), 0);
-    assert_eq!(cluster.matches(&p).longest(), 0);
+    assert_eq!(cluster.placement().in_flight_len(), 0);
+    assert_eq!(cluster.placement().matches(&p).longest(), 0);
 }

@@ -27,7 +27,8 @@ use super::pool::Pool;
 use super::scrape::PromptBlocks;
 use crate::api::error::ApiError;
 use crate::api::prepare::{self, Endpoint, Tokenize};
-use crate::dispatch::{Reservation, BLOCK_SIZE};
+use crate::dispatch::BLOCK_SIZE;
+use crate::place::Reservation;
 use crate::place::{Placement, Policy, WorkerView};
 
 /// Why no endpoint was picked.
@@ -250,35 +251,48 @@ impl Picker {
     /// Picks the endpoints of `req`.
     pub async fn pick(&self, req: Request<'_>) -> Result<Picked, PickError> {
         let (tokens, prompt_blocks, decode_blocks) = self.prepare(req).await?;
-        let cluster = self.pool.cluster().clone();
-        let prepared = cluster.prepare_blocks(&tokens, prompt_blocks, decode_blocks);
-        let preq = &prepared.req;
-        let mut view = self.candidates(req.subset)?;
-        let mut placement = self
-            .policy
-            .place(preq, &view)
-            .map_err(|_| PickError::NoEndpoint)?;
-        // Never disaggregate here: the server Envoy sends the request to prefills it.
-        placement = Placement {
-            prefill: None,
-            cached_blocks: preq.matches.matched(placement.decode).min(prompt_blocks),
-            ..placement
+        // The pool's members before the placement lock (the pool takes that lock when members
+        // change, so it must not be taken under it).
+        let members = self.pool.destinations();
+        let dest = |id| {
+            members
+                .iter()
+                .find(|(m, _)| *m == id)
+                .map(|(_, d)| d.clone())
+                .ok_or(PickError::NoEndpoint)
         };
         let mut destinations = Vec::with_capacity(1 + self.config.fallbacks);
-        let dest = |id| self.pool.destination(id).ok_or(PickError::NoEndpoint);
-        destinations.push(dest(placement.decode)?);
-        let mut last = placement.decode;
-        for _ in 0..self.config.fallbacks {
-            view.remove(last);
-            match self.policy.place(preq, &view) {
-                Ok(p) => {
-                    destinations.push(dest(p.decode)?);
-                    last = p.decode;
+        let (placement, reservation) = self.pool.cluster().placement().place(
+            &tokens,
+            prompt_blocks,
+            decode_blocks,
+            |preq, view| {
+                let mut view = self.candidates(view, &members, req.subset)?;
+                let placement = self
+                    .policy
+                    .place(preq, &view)
+                    .map_err(|_| PickError::NoEndpoint)?;
+                // Never disaggregate here: the server Envoy sends the request to prefills it.
+                let placement = Placement {
+                    prefill: None,
+                    cached_blocks: preq.matches.matched(placement.decode).min(prompt_blocks),
+                    ..placement
+                };
+                destinations.push(dest(placement.decode)?);
+                let mut last = placement.decode;
+                for _ in 0..self.config.fallbacks {
+                    view.remove(last);
+                    match self.policy.place(preq, &view) {
+                        Ok(p) => {
+                            destinations.push(dest(p.decode)?);
+                            last = p.decode;
+                        }
+                        Err(_) => break,
+                    }
                 }
-                Err(_) => break,
-            }
-        }
-        let reservation = cluster.reserve(prepared, &placement);
+                Ok(placement)
+            },
+        )?;
         if prompt_blocks > 0 {
             self.prompts.observe(prompt_blocks);
         }
@@ -290,11 +304,15 @@ impl Picker {
         })
     }
 
-    /// The placement view restricted to healthy, unsaturated pool members (in the subset when
-    /// there is one).
-    fn candidates(&self, subset: Option<&[String]>) -> Result<WorkerView, PickError> {
-        let members = self.pool.destinations();
-        let mut view = self.pool.cluster().view.lock().expect("view").clone();
+    /// `view` restricted to healthy, unsaturated pool `members` (in the subset when there is
+    /// one).
+    fn candidates(
+        &self,
+        view: &WorkerView,
+        members: &[(WorkerId, String)],
+        subset: Option<&[String]>,
+    ) -> Result<WorkerView, PickError> {
+        let mut view = view.clone();
         let all: Vec<WorkerId> = view.iter().map(|w| w.id).collect();
         for id in all {
             let dest = members.iter().find(|(m, _)| *m == id).map(|(_, d)| d);

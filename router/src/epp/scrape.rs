@@ -192,11 +192,8 @@ pub async fn follow(
             parse(&text)
         }
         .await;
-        let ok = {
-            let mut view = cluster.view.lock().expect("view");
-            if view.get(id).is_none() {
-                return;
-            }
+        let ok = cluster.placement().with_view(|view| {
+            view.get(id)?;
             let ok = match result {
                 Ok(l) => {
                     view.report(id, to_load(l, config.kv_capacity_blocks, prompts.mean()));
@@ -212,8 +209,9 @@ pub async fn follow(
                 }
             };
             view.set_healthy(id, ok);
-            ok
-        };
+            Some(ok)
+        });
+        let Some(ok) = ok else { return };
         if healthy != Some(ok) && ok {
             tracing::info!(worker = %id, %url, "model server healthy");
         }

@@ -24,7 +24,8 @@ use super::subscribe::{self, Source};
 use crate::api::backend::{
     Backend, BackendError, BackendEvent, BackendRequest, BackendStream, FinishReason,
 };
-use crate::dispatch::{Cluster, Reservation};
+use crate::dispatch::Cluster;
+use crate::place::Reservation;
 use crate::place::{PlaceError, Policy, Role};
 
 /// One engine pod: where it serves and where it publishes KV events.
@@ -244,16 +245,19 @@ impl Pool {
         prompt: &[u32],
         max_tokens: usize,
     ) -> Result<(WorkerId, Reservation), PlaceError> {
-        let prepared = self.cluster.prepare(prompt, max_tokens);
-        let req = &prepared.req;
-        let mut placement = self
-            .policy
-            .place(req, &self.cluster.view.lock().expect("view"))?;
-        // Engines prefill what they decode.
-        if placement.prefill.take().is_some() {
-            placement.cached_blocks = req.matches.matched(placement.decode).min(req.prompt_blocks);
-        }
-        Ok((placement.decode, self.cluster.reserve(prepared, &placement)))
+        let (placement, reservation) =
+            self.cluster
+                .placement()
+                .place_prompt(prompt, max_tokens, |req, view| {
+                    let mut placement = self.policy.place(req, view)?;
+                    // Engines prefill what they decode.
+                    if placement.prefill.take().is_some() {
+                        placement.cached_blocks =
+                            req.matches.matched(placement.decode).min(req.prompt_blocks);
+                    }
+                    Ok(placement)
+                })?;
+        Ok((placement.decode, reservation))
     }
 
     fn body(&self, req: &BackendRequest) -> serde_json::Value {
@@ -317,11 +321,7 @@ impl Backend for Pool {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::warn!(%pod, error = %e, "engine pod unreachable: placing the request again");
-                    self.cluster
-                        .view
-                        .lock()
-                        .expect("view")
-                        .set_healthy(pod, false);
+                    self.cluster.placement().set_healthy(pod, false);
                     continue;
                 }
             };
@@ -348,7 +348,7 @@ impl Backend for Pool {
     }
 
     fn healthy_decode_workers(&self) -> usize {
-        self.cluster.healthy_decode_workers()
+        self.cluster.placement().healthy_decode_workers()
     }
 }
 
@@ -532,7 +532,7 @@ async fn probe(
             tracing::info!(%worker, %url, healthy = ok, "engine pod health");
             was = Some(ok);
         }
-        cluster.view.lock().expect("view").set_healthy(worker, ok);
+        cluster.placement().set_healthy(worker, ok);
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -577,21 +577,28 @@ mod tests {
     /// A reservation for a 5-block prompt the index said pod 0 held 4 blocks of.
     fn reserved() -> (Arc<Cluster>, Reservation) {
         let cluster = Arc::new(Cluster::default());
-        cluster.view.lock().unwrap().upsert(WorkerId(0), Role::Both);
+        cluster
+            .placement()
+            .with_view(|view| view.upsert(WorkerId(0), Role::Both));
         let prompt: Vec<u32> = (0..70).collect();
-        let prepared = cluster.prepare(&prompt, 4);
         let placement = crate::place::Placement {
             prefill: None,
             decode: WorkerId(0),
             cached_blocks: 4,
         };
-        let r = cluster.reserve(prepared, &placement);
+        let (_, r) = cluster
+            .placement()
+            .place_prompt(&prompt, 4, |_, _| {
+                Ok::<_, std::convert::Infallible>(placement)
+            })
+            .unwrap();
         (cluster, r)
     }
 
     fn recent(cluster: &Cluster) -> f64 {
-        let view = cluster.view.lock().unwrap();
-        view.get(WorkerId(0)).unwrap().recent_prefill_blocks
+        cluster
+            .placement()
+            .with_view(|view| view.get(WorkerId(0)).unwrap().recent_prefill_blocks)
     }
 
     #[test]

@@ -204,7 +204,7 @@ async fn on_message(cluster: &Cluster, source: &Source, feed: &mut PodFeed, fram
         }
         SeqStep::Restart => {
             tracing::info!(%worker, seq = msg.seq, "kv events: publisher restarted; pod's blocks dropped");
-            feed.restart(&mut cluster.index.lock().expect("index"));
+            cluster.placement().with_index(|index| feed.restart(index));
             if msg.seq > 0 {
                 if let Some(addr) = &source.replay {
                     fill(cluster, feed, addr, source.replay_timeout, 0, msg.seq).await;
@@ -212,12 +212,9 @@ async fn on_message(cluster: &Cluster, source: &Source, feed: &mut PodFeed, fram
             }
         }
     }
-    feed.apply(
-        &mut cluster.index.lock().expect("index"),
-        msg.seq,
-        &msg.batch,
-        false,
-    );
+    cluster
+        .placement()
+        .with_index(|index| feed.apply(index, msg.seq, &msg.batch, false));
 }
 
 /// Applies the replayed batches of `from..to` in order (a hole in the publisher's buffer stays
@@ -237,18 +234,19 @@ async fn fill(
             return 0;
         }
     };
-    let mut index = cluster.index.lock().expect("index");
-    let mut applied = 0;
-    for (seq, batch) in batches {
-        if seq < from || seq >= to {
-            continue;
+    cluster.placement().with_index(|index| {
+        let mut applied = 0;
+        for (seq, batch) in batches {
+            if seq < from || seq >= to {
+                continue;
+            }
+            // Already applied (the buffer answers from `from` on, but a duplicate does no good).
+            if feed.expected().is_some_and(|e| seq < e) {
+                continue;
+            }
+            feed.apply(index, seq, &batch, true);
+            applied += 1;
         }
-        // Already applied (the buffer answers from `from` on, but a duplicate does no good).
-        if feed.expected().is_some_and(|e| seq < e) {
-            continue;
-        }
-        feed.apply(&mut index, seq, &batch, true);
-        applied += 1;
-    }
-    applied
+        applied
+    })
 }

@@ -167,13 +167,7 @@ impl Router {
         // Wait until the router has seen the worker (its Watch stream).
         tokio::time::timeout(PATIENCE, async {
             loop {
-                let ready = running
-                    .cluster
-                    .view
-                    .lock()
-                    .unwrap()
-                    .iter()
-                    .any(|w| w.healthy);
+                let ready = running.cluster.placement().view().iter().any(|w| w.healthy);
                 if ready {
                     break;
                 }
