@@ -5,7 +5,9 @@
 //!   `--mode endpoint-picker`);
 //! - [`worker::WorkerConfig`]: the worker binaries (with [`group::GroupArgs`] for multi-process
 //!   groups);
-//! - [`internal_tls::InternalTlsArgs`]: mutual TLS between the processes, on all of them.
+//! - [`internal_tls::InternalTlsArgs`]: mutual TLS between the processes, on all of them;
+//! - [`placement::PlacementArgs`]: the router's placement weights and disaggregation threshold,
+//!   the one home of their defaults.
 //!
 //! The binaries parse them; the operator renders its ConfigMaps through the same definitions and
 //! parses what it rendered back, so it needs this crate and not the binaries' (which link the
@@ -19,6 +21,7 @@ mod error;
 pub mod group;
 pub mod internal_tls;
 pub mod kv_pool;
+pub mod placement;
 pub mod router;
 pub mod worker;
 

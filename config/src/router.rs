@@ -47,10 +47,9 @@ pub struct RouterConfig {
         default_value = "prefix-optimistic"
     )]
     pub policy: PolicyKind,
-    /// Disaggregate only when at least this many prompt blocks (16 tokens) are uncached on the
-    /// decode worker; shorter prompts are prefilled where they decode.
-    #[arg(long, env = "CLEAVE_DISAGG_MIN_UNCACHED_BLOCKS", default_value_t = 9)]
-    pub disagg_min_uncached_blocks: usize,
+    /// Placement weights and the disaggregation threshold.
+    #[command(flatten)]
+    pub placement: crate::placement::PlacementArgs,
     /// Async runtime threads (HTTP, gRPC streams, discovery).
     #[arg(long, env = "CLEAVE_RUNTIME_THREADS", default_value_t = crate::DEFAULT_RUNTIME_THREADS,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]

@@ -104,7 +104,7 @@ pub async fn run(
     }
     let place = PlaceConfig {
         disagg_min_uncached_blocks: usize::MAX,
-        ..Default::default()
+        ..PlaceConfig::from(&config.placement)
     };
     let picker = Arc::new(Picker::new(
         pool.clone(),

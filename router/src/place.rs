@@ -128,19 +128,29 @@ pub struct PlaceConfig {
 }
 
 impl Default for PlaceConfig {
+    /// The router's flag defaults ([`PlacementArgs::DEFAULT`]).
     fn default() -> Self {
+        PlaceConfig::from(&PlacementArgs::DEFAULT)
+    }
+}
+
+impl From<&PlacementArgs> for PlaceConfig {
+    fn from(a: &PlacementArgs) -> Self {
         Self {
-            prefill_weight: 24.0,
-            queued_prefill_weight: 3.0,
-            free_prefill_weight: 16.0,
-            recent_prefill_weight: 2.0,
-            disagg_min_uncached_blocks: 32,
+            prefill_weight: a.prefill_weight,
+            queued_prefill_weight: a.queued_prefill_weight,
+            free_prefill_weight: a.free_prefill_weight,
+            recent_prefill_weight: a.recent_prefill_weight,
+            disagg_min_uncached_blocks: a.disagg_min_uncached_blocks,
             seed: 0x5eed,
             sglang: sglang_cache_aware::SglangConfig::default(),
             dynamo: dynamo_cost::DynamoConfig::default(),
         }
     }
 }
+
+/// The placement flags (defined with the router's flags in [`cleave_config::placement`]).
+pub use cleave_config::placement::PlacementArgs;
 
 /// A placement policy.
 pub trait Policy: Send + Sync {

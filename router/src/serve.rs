@@ -114,10 +114,7 @@ pub async fn run(
         Box::new(discovery).start(cluster.clone(), shutdown.clone())?;
         tracing::info!(%namespace, %selector, "kubernetes discovery started");
     }
-    let place = PlaceConfig {
-        disagg_min_uncached_blocks: config.disagg_min_uncached_blocks,
-        ..Default::default()
-    };
+    let place = PlaceConfig::from(&config.placement);
     let backend: Arc<dyn crate::api::backend::Backend> = match config.kv_events {
         Some(_) => Arc::new(crate::events::start_pool(
             &config,
