@@ -1,6 +1,8 @@
 //! The `cleave` command line: fetch the default model, generate text, score a file, benchmark
 //! the engine. `main.rs` only parses arguments and calls [`run`].
 
+#![forbid(unsafe_code)]
+
 pub mod bench;
 pub mod bench_collectives;
 pub mod bench_compare;

@@ -1,5 +1,7 @@
 //! `cleave`: the command line a user starts with.
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 use clap::Parser;

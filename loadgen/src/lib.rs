@@ -4,6 +4,8 @@
 //! percentile statistics and goodput ([`stats`]), Prometheus scrapes of cleave's own counters
 //! ([`scrape`]), and the report as a table, JSON and PNG charts ([`report`], [`plot`]).
 
+#![forbid(unsafe_code)]
+
 pub mod arrival;
 pub mod client;
 pub mod plot;

@@ -1,6 +1,7 @@
 //! cleave's control-plane API, generated from `proto/cleave/v1/worker.proto` (the documented
 //! contract): the decode worker's `Generate`/`Watch`, the prefill worker's `Prefill`/`Watch`.
 
+#![forbid(unsafe_code)]
 #![allow(missing_docs, clippy::all)]
 
 /// Package `cleave.v1`.

@@ -16,6 +16,7 @@
 pub mod backend;
 pub mod error;
 pub mod generate;
+mod ids;
 pub mod metrics;
 pub mod openai;
 pub mod prepare;

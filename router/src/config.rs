@@ -4,22 +4,7 @@
 pub use cleave_config::router::*;
 pub use cleave_config::ConfigError;
 
-/// The engine pods of `--kv-events` mode.
-pub fn engine_pods(
-    config: &RouterConfig,
-) -> Result<Vec<crate::events::PodSpec>, crate::events::PodSpecError> {
-    let defaults = crate::events::PodDefaults {
-        events_port: config.kv_events_port,
-        replay_port: config.kv_events_replay_port,
-        topic: config.kv_events_topic.clone(),
-        ..Default::default()
-    };
-    config
-        .kv_events_pods
-        .iter()
-        .map(|p| crate::events::PodSpec::parse(p, &defaults))
-        .collect()
-}
+pub use crate::events::engine_pods;
 
 /// Why the router's configuration is refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -52,7 +52,7 @@ pub async fn run(
 ) -> Result<Running, RouterError> {
     config.validate()?;
     let epp = &config.epp;
-    let model = crate::serve::open_model(&config)?;
+    let model = crate::model::open_model(&config)?;
     let text = Text {
         tokenizer: model.tokenizer,
         template: model.template,
@@ -61,7 +61,7 @@ pub async fn run(
     let model_name = config
         .served_model_name
         .clone()
-        .unwrap_or_else(|| crate::serve::default_model_name(&config.model));
+        .unwrap_or_else(|| crate::model::default_model_name(&config.model));
     let cluster = Arc::new(Cluster::for_policy(config.policy));
     let prompts = Arc::new(PromptBlocks::default());
     let pool = Arc::new(Pool::new(
@@ -143,7 +143,7 @@ pub async fn run(
             .await;
         // The pool's member watches and scrapes and the InferencePool follower end on the same
         // token; the task ends once they have.
-        owner.finish_tasks(crate::serve::TASKS_PATIENCE).await;
+        owner.finish_tasks(cleave_telemetry::TASKS_PATIENCE).await;
         served.map_err(|e| RouterError::Grpc(e.into()))
     });
     Ok(Running { addr, pool, task })

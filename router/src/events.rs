@@ -27,19 +27,35 @@ pub use subscribe::Source;
 pub use wire::{Batch, BlockStored, EngineEvent, EngineHash, WireError};
 
 pub use cleave_config::router::KvEventsKind;
+use cleave_config::router::RouterConfig;
 
 use crate::place::BuildPolicy;
+
+/// The engine pods of `--kv-events` mode.
+pub fn engine_pods(config: &RouterConfig) -> Result<Vec<PodSpec>, PodSpecError> {
+    let defaults = PodDefaults {
+        events_port: config.kv_events_port,
+        replay_port: config.kv_events_replay_port,
+        topic: config.kv_events_topic.clone(),
+        ..Default::default()
+    };
+    config
+        .kv_events_pods
+        .iter()
+        .map(|p| PodSpec::parse(p, &defaults))
+        .collect()
+}
 
 /// Starts the `--kv-events` backend: the configured pods, followed until `shutdown`, placed by
 /// the configured policy (never disaggregated: engines prefill what they decode).
 pub fn start_pool(
-    config: &crate::config::RouterConfig,
+    config: &RouterConfig,
     cluster: std::sync::Arc<crate::dispatch::Cluster>,
     place: &crate::place::PlaceConfig,
     model: String,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> Result<Pool, PoolError> {
-    let pods = crate::config::engine_pods(config)?;
+    let pods = engine_pods(config)?;
     let place = crate::place::PlaceConfig {
         disagg_min_uncached_blocks: usize::MAX,
         ..place.clone()

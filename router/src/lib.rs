@@ -40,6 +40,7 @@ pub mod epp;
 mod error;
 pub mod events;
 pub mod keys;
+mod model;
 pub mod place;
 pub mod serve;
 pub mod sim;

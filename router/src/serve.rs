@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cleave_telemetry::error_chain;
-use cleave_text::ModelText;
+
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -24,6 +24,7 @@ use crate::discovery::{Discovery, Static};
 use crate::dispatch::{Cluster, Dispatcher};
 use crate::drain::Drain;
 use crate::keys::{KeyMetrics, Keys};
+use crate::model::{default_model_name, open_model};
 use crate::place::{BuildPolicy, PlaceConfig, Role};
 use crate::tls::TlsReloader;
 use crate::RouterError;
@@ -281,26 +282,4 @@ pub fn serve_until_signal(config: RouterConfig) -> Result<(), RouterError> {
         cleave_telemetry::cancel_on_signal(shutdown);
         running.task.await?
     })
-}
-
-/// The name clients send by default: a GGUF file's name without `.gguf`, a Hugging Face
-/// directory's name.
-/// The tokenizer, chat template (`--chat-template` when given) and context length of
-/// `--model`.
-pub(crate) fn open_model(config: &RouterConfig) -> Result<ModelText, RouterError> {
-    let text = ModelText::open(&config.model).map_err(|source| RouterError::Model {
-        path: config.model.clone(),
-        source,
-    })?;
-    Ok(text.with_chat_template(config.chat_template.as_deref())?)
-}
-
-pub(crate) fn default_model_name(model: &std::path::Path) -> String {
-    let name = if model.is_dir() {
-        model.file_name()
-    } else {
-        model.file_stem()
-    };
-    name.map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "model".into())
 }

@@ -8,6 +8,8 @@
 //! [`cancel_on_signal`] is the shutdown trigger every long-running binary uses, and
 //! [`finish_tasks`] their bounded wait for the tasks they own once they have stopped serving.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 

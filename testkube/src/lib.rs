@@ -13,6 +13,7 @@
 //! # }
 //! ```
 
+#![forbid(unsafe_code)]
 // A test helper: it reads the test environment (KUBECONFIG, CLEAVE_REQUIRE_CLUSTER).
 #![allow(clippy::disallowed_methods)]
 

@@ -420,6 +420,7 @@ impl GgufFile {
         // SAFETY: the map is read-only and private to this struct. Modifying the file while it
         // is mapped is undefined behaviour; model files are treated as immutable, as every
         // mmap-based GGUF loader does.
+        #[allow(unsafe_code)]
         let map = unsafe { memmap2::Mmap::map(&file)? };
         Self::from_storage(Storage(std::sync::Arc::new(map)))
     }

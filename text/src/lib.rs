@@ -12,6 +12,9 @@
 //! - [`sample`] holds the sampling parameters with their one set of checks, and the sampler;
 //! - [`model_text`] bundles what the front end needs of a model: tokenizer, template, context.
 
+// Unsafe only where a model file is memory-mapped (allowed at those two calls).
+#![deny(unsafe_code)]
+
 pub mod chat;
 pub mod constrain;
 pub mod gguf;

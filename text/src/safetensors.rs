@@ -170,6 +170,7 @@ impl SafeTensors {
             let file = std::fs::File::open(path).map_err(io)?;
             // SAFETY: read-only private map; checkpoint files are treated as immutable while
             // loaded (as every mmap-based loader does).
+            #[allow(unsafe_code)]
             let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
             st.parse(path, &map)?;
             st.maps.push(map);

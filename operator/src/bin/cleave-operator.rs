@@ -1,5 +1,7 @@
 //! `cleave-operator`: reconciles InferenceServices (leader-elected), or prints the CRD.
 
+#![forbid(unsafe_code)]
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;

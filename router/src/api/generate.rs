@@ -11,6 +11,7 @@ use tokio_stream::{StreamExt, StreamMap};
 
 use super::backend::{Backend, BackendEvent, BackendRequest, BackendStream, FinishReason};
 use super::error::ApiError;
+use super::ids;
 use super::metrics::RouterMetrics;
 use super::openai::{
     AssistantMessage, ChatChoice, ChatCompletion, ChatLogprobs, TextChoice, TextCompletion,
@@ -44,7 +45,7 @@ impl Meta {
             Endpoint::Completion => "cmpl-",
         };
         Meta {
-            id: format!("{prefix}{}", random_hex()),
+            id: format!("{prefix}{}", ids::random_hex()),
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .unwrap_or(Duration::ZERO)
@@ -59,7 +60,7 @@ impl Meta {
     /// Continues the client's W3C trace context when it sent a valid `traceparent`, else
     /// starts a new trace (a new span id either way: the router's own span).
     pub fn with_trace(mut self, incoming: Option<&str>) -> Self {
-        let span_id = &random_hex()[..16];
+        let span_id = &ids::random_hex()[..16];
         let trace_id = incoming
             .and_then(|t| {
                 let parts: Vec<&str> = t.trim().split('-').collect();
@@ -72,7 +73,7 @@ impl Meta {
                     && hex(parts[3], 2))
                 .then(|| parts[1].to_ascii_lowercase())
             })
-            .unwrap_or_else(random_hex);
+            .unwrap_or_else(ids::random_hex);
         self.traceparent = format!("00-{trace_id}-{span_id}-01");
         self
     }
@@ -82,20 +83,6 @@ impl Meta {
         self.traceparent = traceparent;
         self
     }
-}
-
-/// 32 hex digits from std's randomly keyed hasher (ids need uniqueness, not secrecy).
-pub(super) fn random_hex() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let mut out = String::with_capacity(32);
-    for _ in 0..2 {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-        out.push_str(&format!("{:016x}", h.finish()));
-    }
-    out
 }
 
 /// Starts `prompts × n` generations, keyed by choice index (`prompt * n + i`). If one fails

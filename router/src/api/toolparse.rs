@@ -13,7 +13,7 @@ use super::tools::{CLOSE, OPEN};
 
 /// A fresh tool-call id.
 pub fn call_id() -> String {
-    format!("call_{}", &super::generate::random_hex()[..24])
+    format!("call_{}", &super::ids::random_hex()[..24])
 }
 
 /// The finish reason of a choice that made `calls` tool calls and ended for `reason`.

@@ -50,15 +50,6 @@ fn matches_llama_cpp_reference_ids() {
     }
     // Parsing specials changes nothing when the text contains none.
     assert_eq!(tok.encode(&text, true), want);
-
-    // Speed: the 4 KB file must take well under 50 ms (the workspace's test profile optimises).
-    let t = std::time::Instant::now();
-    for _ in 0..10 {
-        std::hint::black_box(tok.encode(&text, false));
-    }
-    let per = t.elapsed() / 10;
-    eprintln!("encoding {} bytes took {per:?}", text.len());
-    assert!(per.as_millis() < 50, "encode took {per:?}");
 }
 
 #[test]
@@ -241,8 +232,12 @@ fn tokenizer_is_send_sync() {
     check::<Tokenizer>();
 }
 
+/// Inputs that make a naive BPE quadratic (long runs of one character, of spaces, of digits, of
+/// special-token look-alikes) round-trip. Their speed is not asserted here (a test must not
+/// depend on the machine's load); the time each took is printed, and a quadratic regression at
+/// these sizes shows as a test that runs for minutes.
 #[test]
-fn pathological_inputs_stay_fast() {
+fn pathological_inputs_round_trip() {
     let Some(tok) = real_tokenizer() else { return };
     let inputs = [
         "a".repeat(100_000),
@@ -257,6 +252,6 @@ fn pathological_inputs_stay_fast() {
         let ids = tok.encode(s, true);
         let took = t.elapsed();
         assert_eq!(&tok.decode(&ids), s);
-        assert!(took.as_secs_f64() < 2.0, "{} bytes took {took:?}", s.len());
+        eprintln!("{} bytes encoded in {took:?}", s.len());
     }
 }
