@@ -5,17 +5,20 @@
 
 mod channels;
 mod import_kv;
+mod session;
 
 use std::pin::Pin;
 use std::sync::Arc;
 
-use cleave_engine::engine::{GenerateRequest, PrefillMode, SeqEvent};
+use cleave_engine::engine::{GenerateRequest, PrefillMode};
 use cleave_proto::v1 as pb;
 use cleave_proto::v1::decode_worker_server::{DecodeWorker, DecodeWorkerServer};
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
 use cleave_worker::{Role, RoleService, WorkerState};
+
+use session::{DecodeSession, Step};
 
 /// The gRPC service.
 pub fn service(state: Arc<WorkerState>) -> DecodeWorkerServer<Decode> {
@@ -97,14 +100,16 @@ impl DecodeWorker for Decode {
         cleave_telemetry::set_parent(&span, traceparent.as_deref());
         let traceparent = cleave_telemetry::traceparent_of(&span).or(traceparent);
         // The worker owns the request's task (WorkerState::tasks); it ends with the stream.
+        let mut session = DecodeSession::new(
+            arrival,
+            req.prompt.len(),
+            self.state.config.local_prefill_below_tokens,
+        );
+        // The worker owns the request's task (WorkerState::tasks); it ends with the stream.
         self.state.tasks.spawn(tracing::Instrument::instrument(
             async move {
                 let mut import: Option<tokio::task::JoinHandle<()>> = None;
-                let mut disaggregated = false;
-                let (mut admitted, mut first_token) = (None, None);
                 let mut streamed = 0u64;
-                let (timing_tx, mut timing_rx) = tokio::sync::oneshot::channel();
-                let mut timing_tx = Some(timing_tx);
                 loop {
                     // A caller that goes away is noticed at once, also while nothing is sent
                     // (waiting for the prefill worker): the engine drops the sequence and the
@@ -119,74 +124,48 @@ impl DecodeWorker for Decode {
                             break;
                         }
                     };
-                    if let SeqEvent::KvNeeded {
-                        blocks,
-                        cached_tokens,
-                    } = ev
-                    {
-                        admitted = Some(std::time::Instant::now());
-                        let prompt_tokens = req.prompt.len();
-                        if prompt_tokens - cached_tokens < state.config.local_prefill_below_tokens {
-                            // Conditional disaggregation: too little left to be worth a transfer.
-                            engine.kv_import_failed(id, true);
-                            continue;
-                        }
-                        let job = import_kv::Job {
-                            id,
-                            request_id: req.request_id.clone(),
-                            prompt: req.prompt.clone(),
-                            params: params.clone(),
-                            endpoint: req.prefill_endpoint.clone().unwrap_or_default(),
-                            traceparent: traceparent.clone(),
+                    match session.on_event(ev, std::time::Instant::now()) {
+                        Step::PrefillHere => engine.kv_import_failed(id, true),
+                        Step::Import {
                             blocks,
                             cached_tokens,
-                        };
-                        disaggregated = true;
-                        let timing = timing_tx.take().expect("one import per request");
-                        import = Some(state.tasks.spawn(import_kv::run(
-                            state.clone(),
-                            prefill.clone(),
-                            job,
-                            timing,
-                        )));
-                        continue;
-                    }
-                    if first_token.is_none() && matches!(ev, SeqEvent::Token { .. }) {
-                        first_token = Some(std::time::Instant::now());
-                    }
-                    let done = matches!(ev, SeqEvent::Done { .. });
-                    let timing = if done && disaggregated {
-                        timing_rx.try_recv().ok()
-                    } else {
-                        None
-                    };
-                    let ttft = match (admitted, first_token, timing) {
-                        (Some(admitted), Some(first), Some(t)) => Some(pb::TtftBreakdown {
-                            queue_seconds: (admitted - arrival).as_secs_f64(),
-                            prefill_seconds: t.compute_seconds,
-                            transfer_seconds: t.transfer_seconds,
-                            first_decode_seconds: first
-                                .saturating_duration_since(t.imported_at)
-                                .as_secs_f64(),
-                            total_seconds: (first - arrival).as_secs_f64(),
-                        }),
-                        _ => None,
-                    };
-                    let token = matches!(ev, SeqEvent::Token { .. });
-                    if let Some(e) = cleave_worker::convert::generate_event(ev, disaggregated, ttft)
-                    {
-                        if tx.send(Ok(e)).await.is_err() {
-                            // The caller went away: stop decoding (and the prefill, below).
-                            engine.cancel(id);
-                            break;
+                        } => {
+                            let job = import_kv::Job {
+                                id,
+                                request_id: req.request_id.clone(),
+                                prompt: req.prompt.clone(),
+                                params: params.clone(),
+                                endpoint: req.prefill_endpoint.clone().unwrap_or_default(),
+                                traceparent: traceparent.clone(),
+                                blocks,
+                                cached_tokens,
+                            };
+                            let (timing, timing_rx) = tokio::sync::oneshot::channel();
+                            session.importing(timing_rx);
+                            import = Some(state.tasks.spawn(import_kv::run(
+                                state.clone(),
+                                prefill.clone(),
+                                job,
+                                timing,
+                            )));
                         }
-                    }
-                    if token {
-                        streamed += 1;
-                        cleave_worker::fault::point("decode.tokens_streamed", streamed);
-                    }
-                    if done {
-                        break;
+                        Step::Send { event, token, done } => {
+                            if let Some(e) = event {
+                                if tx.send(Ok(e)).await.is_err() {
+                                    // The caller went away: stop decoding (and the prefill,
+                                    // below).
+                                    engine.cancel(id);
+                                    break;
+                                }
+                            }
+                            if token {
+                                streamed += 1;
+                                cleave_worker::fault::point("decode.tokens_streamed", streamed);
+                            }
+                            if done {
+                                break;
+                            }
+                        }
                     }
                 }
                 if let Some(j) = import {
