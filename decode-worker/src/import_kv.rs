@@ -9,7 +9,6 @@ use std::time::Instant;
 use cleave_engine::schedule::SeqId;
 use cleave_proto::v1 as pb;
 use cleave_proto::v1::prefill_worker_client::PrefillWorkerClient;
-use cleave_text::sample::SamplingParams;
 
 use cleave_worker::WorkerState;
 
@@ -21,7 +20,8 @@ pub struct Job {
     pub id: SeqId,
     pub request_id: String,
     pub prompt: Vec<u32>,
-    pub params: SamplingParams,
+    /// The sampling parameters as the router sent them.
+    pub params: pb::SamplingParams,
     pub endpoint: String,
     pub traceparent: Option<String>,
     pub blocks: Vec<cleave_engine::kv::BlockId>,
@@ -114,7 +114,7 @@ async fn call(
     let req = pb::PrefillRequest {
         request_id: job.request_id.clone(),
         prompt: job.prompt.clone(),
-        params: Some(cleave_worker::convert::sampling_to_wire(&job.params)),
+        params: Some(job.params.clone()),
         destination: Some(pb::KvDestination {
             worker_address: Some(kv::address_to_wire(&state.transport.local_address())),
             region: Some(kv::region_to_wire(&state.region.descriptor())),

@@ -63,7 +63,7 @@ impl DecodeWorker for Decode {
         cleave_worker::fault::point("decode.generate_calls", call);
         let traceparent = cleave_worker::convert::traceparent(request.metadata());
         let req = request.into_inner();
-        let params = cleave_worker::convert::sampling(req.params)?;
+        let params = cleave_worker::convert::sampling(req.params.clone())?;
         // A tensor-parallel group names every rank's region (cleave_worker::rank_kv).
         // A migrated request (resume tokens) is prefilled here: the prefill worker would sample
         // its next token without the output state the resumed tokens built.
@@ -134,7 +134,8 @@ impl DecodeWorker for Decode {
                                 id,
                                 request_id: req.request_id.clone(),
                                 prompt: req.prompt.clone(),
-                                params: params.clone(),
+                                // Forwarded as received (checked above), not re-encoded.
+                                params: req.params.clone().unwrap_or_default(),
                                 endpoint: req.prefill_endpoint.clone().unwrap_or_default(),
                                 traceparent: traceparent.clone(),
                                 blocks,

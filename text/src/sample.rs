@@ -83,19 +83,19 @@ impl SamplingParams {
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum ParamError {
     /// `temperature` outside [0, 2] (or NaN).
-    #[error("temperature must be in [0, 2], got {0}")]
+    #[error("`temperature` must be in [0, 2], got {0}")]
     Temperature(f32),
     /// `top_p` outside (0, 1].
-    #[error("top_p must be in (0, 1], got {0}")]
+    #[error("`top_p` must be in (0, 1], got {0}")]
     TopP(f32),
     /// `max_tokens` of 0.
-    #[error("max_tokens must be at least 1")]
+    #[error("`max_tokens` must be at least 1")]
     MaxTokens,
     /// `top_logprobs` above 20.
-    #[error("top_logprobs must be at most 20, got {0}")]
+    #[error("`top_logprobs` must be at most 20, got {0}")]
     TopLogprobs(usize),
     /// An empty stop string.
-    #[error("stop strings must not be empty")]
+    #[error("`stop` strings must not be empty")]
     EmptyStop,
 }
 

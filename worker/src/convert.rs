@@ -5,8 +5,6 @@ use cleave_proto::v1 as pb;
 use cleave_text::sample::{SamplingParams, TokenLogprob};
 use tonic::Status;
 
-pub use cleave_proto::convert::sampling_to_wire;
-
 pub mod kv;
 
 /// The engine's sampling parameters from the wire; `InvalidArgument` names a bad field.

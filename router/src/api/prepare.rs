@@ -188,20 +188,11 @@ pub fn validate(
         }
     };
 
+    // `temperature`, `top_p`, `top_logprobs`' bound and empty stop strings are checked once,
+    // by `SamplingParams::validate` below (the workers run the same rules on what they
+    // receive); this checks what the sampling parameters do not hold.
     let temperature = req.temperature.unwrap_or(1.0);
-    if !(0.0..=2.0).contains(&temperature) {
-        return Err(ApiError::invalid(
-            "temperature",
-            format!("`temperature` must be in [0, 2], got {temperature}"),
-        ));
-    }
     let top_p = req.top_p.unwrap_or(1.0);
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(ApiError::invalid(
-            "top_p",
-            format!("`top_p` must be in (0, 1], got {top_p}"),
-        ));
-    }
     let top_k = match req.top_k {
         None | Some(-1) | Some(0) => 0,
         Some(k) if k > 0 => k as usize,
@@ -256,12 +247,6 @@ pub fn validate(
                 "`stop` may hold at most {MAX_STOP} strings, got {}",
                 stop.len()
             ),
-        ));
-    }
-    if stop.iter().any(String::is_empty) {
-        return Err(ApiError::invalid(
-            "stop",
-            "`stop` strings must not be empty",
         ));
     }
     let logprobs = logprobs(endpoint, req.logprobs, req.top_logprobs)?;
