@@ -399,7 +399,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(bad.validate(), Err(ParamError::Temperature(3.0)));
-        assert!(ParamError::TopP(0.0).to_string().starts_with("top_p "));
+        assert!(ParamError::TopP(0.0).to_string().starts_with("`top_p` "));
         assert_eq!(ParamError::TopP(0.0).field(), "top_p");
     }
 
