@@ -10,16 +10,7 @@ use tonic::transport::Channel;
 /// More endpoints than this (pods come and go) and the cache starts over.
 const MAX_ENDPOINTS: usize = 256;
 
-/// A prefill endpoint that is not a URI the channel can dial.
-#[derive(Debug, thiserror::Error)]
-#[error("prefill endpoint {endpoint:?}: {source}")]
-pub struct BadEndpoint {
-    /// The endpoint as the router sent it.
-    pub endpoint: String,
-    /// Why it does not parse.
-    #[source]
-    pub source: tonic::transport::Error,
-}
+pub use cleave_tls::BadEndpoint;
 
 /// Prefill workers' channels by endpoint.
 #[derive(Default)]
@@ -44,14 +35,8 @@ impl Channels {
         if let Some(c) = map.get(endpoint) {
             return Ok(c.clone());
         }
-        let channel = cleave_tls::grpc_endpoint(endpoint, self.tls.as_ref())
-            .map_err(|source| BadEndpoint {
-                endpoint: endpoint.to_string(),
-                source,
-            })?
-            .connect_timeout(Duration::from_secs(5))
-            .tcp_nodelay(true)
-            .connect_lazy();
+        let channel =
+            cleave_tls::lazy_channel(endpoint, self.tls.as_ref(), Duration::from_secs(5))?;
         if map.len() >= MAX_ENDPOINTS {
             map.clear();
         }
@@ -79,6 +64,6 @@ mod tests {
         assert_eq!(c.len(), 2);
         let err = c.get("not a uri\n").unwrap_err();
         assert_eq!(err.endpoint, "not a uri\n");
-        assert!(err.to_string().starts_with("prefill endpoint "), "{err}");
+        assert!(err.to_string().starts_with("endpoint "), "{err}");
     }
 }

@@ -32,7 +32,7 @@ pub struct Job {
 #[derive(Debug, thiserror::Error)]
 pub enum PrefillError {
     /// The router named an endpoint that is not a URI.
-    #[error(transparent)]
+    #[error("prefill {0}")]
     Endpoint(#[from] BadEndpoint),
     /// The prefill worker answered with an error (or could not be reached).
     #[error("prefill worker: {}", .0.message())]

@@ -32,7 +32,7 @@ pub enum RouterError {
     #[error("the TLS files do not load")]
     Tls(#[from] cleave_tls::TlsError),
     /// A configured worker endpoint.
-    #[error(transparent)]
+    #[error("worker {0}")]
     Endpoint(#[from] crate::dispatch::BadEndpoint),
     /// etcd discovery did not start.
     #[error("etcd discovery at {endpoints}")]

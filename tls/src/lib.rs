@@ -15,9 +15,9 @@ pub mod pem;
 pub mod testing;
 
 pub use error::TlsError;
-#[cfg(feature = "grpc")]
-pub use mutual::grpc_endpoint;
 pub use mutual::Mutual;
+#[cfg(feature = "grpc")]
+pub use mutual::{grpc_endpoint, lazy_channel, BadEndpoint};
 
 use std::path::Path;
 use std::sync::Arc;

@@ -141,6 +141,36 @@ mod grpc {
         }
     }
 
+    /// An endpoint no channel can be made to (not a URI, or TLS settings it cannot take).
+    #[derive(Debug, thiserror::Error)]
+    #[error("endpoint {endpoint:?}: {source}")]
+    pub struct BadEndpoint {
+        /// The endpoint as configured, discovered or sent.
+        pub endpoint: String,
+        /// Why no channel could be made.
+        #[source]
+        pub source: tonic::transport::Error,
+    }
+
+    /// A channel to `url` that connects on first use (and reconnects by itself), giving up a
+    /// connection attempt after `connect_timeout`: the one way the router and the workers make
+    /// their channels to one another.
+    pub fn lazy_channel(
+        url: &str,
+        tls: Option<&Mutual>,
+        connect_timeout: std::time::Duration,
+    ) -> Result<tonic::transport::Channel, BadEndpoint> {
+        let bad = |source| BadEndpoint {
+            endpoint: url.to_string(),
+            source,
+        };
+        Ok(endpoint(url, tls)
+            .map_err(bad)?
+            .connect_timeout(connect_timeout)
+            .tcp_nodelay(true)
+            .connect_lazy())
+    }
+
     /// A channel endpoint for `url` (`http://host:port`, as workers advertise themselves):
     /// plain, or over mutual TLS (`https://`) with `tls`.
     pub fn endpoint(url: &str, tls: Option<&Mutual>) -> Result<Endpoint, tonic::transport::Error> {
@@ -160,4 +190,4 @@ mod grpc {
 }
 
 #[cfg(feature = "grpc")]
-pub use grpc::endpoint as grpc_endpoint;
+pub use grpc::{endpoint as grpc_endpoint, lazy_channel, BadEndpoint};

@@ -26,17 +26,8 @@ pub struct WorkerEntry {
     pub(crate) channel: Channel,
 }
 
-/// A worker endpoint the router cannot make a channel to (not a URI, or TLS settings it
-/// cannot take).
-#[derive(Debug, thiserror::Error)]
-#[error("worker endpoint {endpoint:?}: {source}")]
-pub struct BadEndpoint {
-    /// The endpoint as configured or discovered.
-    pub endpoint: String,
-    /// Why no channel could be made.
-    #[source]
-    pub source: tonic::transport::Error,
-}
+/// A worker endpoint the router cannot make a channel to.
+pub use cleave_tls::BadEndpoint;
 
 /// The router's workers (see the module's documentation).
 pub struct Cluster {
@@ -105,13 +96,8 @@ impl Cluster {
 
     /// Adds (or replaces) a worker; it takes part in placement once it is healthy.
     pub fn add(&self, id: WorkerId, role: Role, endpoint: &str) -> Result<(), BadEndpoint> {
-        let channel = cleave_tls::grpc_endpoint(endpoint, self.tls.as_ref())
-            .map_err(|source| BadEndpoint {
-                endpoint: endpoint.to_string(),
-                source,
-            })?
-            .connect_timeout(Duration::from_secs(2))
-            .connect_lazy();
+        let channel =
+            cleave_tls::lazy_channel(endpoint, self.tls.as_ref(), Duration::from_secs(2))?;
         self.workers.lock().expect("workers").insert(
             id,
             WorkerEntry {
