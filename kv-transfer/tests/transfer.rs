@@ -225,6 +225,20 @@ async fn cancellation(choice: BackendChoice) -> Result<()> {
     Ok(())
 }
 
+/// Waits until nothing accepts connections at `addr` any more (a dropped transport's listener
+/// task has stopped and its port is free), for at most 10 s.
+async fn listener_closed(addr: std::net::SocketAddr) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(addr).await.is_ok() {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the listener at {addr} still accepts 10 s after its transport was dropped"
+        );
+        tokio::task::yield_now().await;
+    }
+    Ok(())
+}
+
 async fn vanished_peer_fails_fast(choice: BackendChoice) -> Result<()> {
     let (Some(a), Some(b)) = (transport(choice), transport(choice)) else {
         return Ok(());
@@ -235,7 +249,7 @@ async fn vanished_peer_fails_fast(choice: BackendChoice) -> Result<()> {
     write(&a, &peer, &desc, &[op(0, 0, 1)], &src).await?;
     drop(dst);
     drop(b);
-    tokio::time::sleep(Duration::from_millis(100)).await; // let the listener task stop
+    listener_closed(peer.tcp).await?;
     let result = tokio::time::timeout(
         Duration::from_secs(20),
         write(&a, &peer, &desc, &[op(0, 0, 1)], &src),
@@ -271,7 +285,7 @@ async fn restarted_peer_is_reachable(choice: BackendChoice) -> Result<()> {
     let listen = b.local_address().tcp;
     drop(dst);
     drop(b);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    listener_closed(listen).await?;
     let b2 = default_transport(&TransportConfig {
         listen,
         ..config(choice)
