@@ -5,7 +5,7 @@
 //! The Mooncake trace's 512-token blocks are expanded into `--sub-blocks` engine blocks each (32
 //! = 16-token blocks, so the average prompt is ~960 blocks). Each request goes to a worker by its
 //! first block (multi-turn sessions share it, so caches see reuse), whose simulated LRU cache
-//! ([`cleave_router::sim::cache::LruCache`]) serves the prompt and logs `Removed` / `Stored`
+//! ([`cleave_route_sim::cache::LruCache`]) serves the prompt and logs `Removed` / `Stored`
 //! events. The op stream is one lookup per request (before its events) followed by its events;
 //! it is recorded first, then replayed into a fresh [`PrefixIndex`] on this thread, timed. One
 //! op = one lookup or one event message; blocks/s counts the hashes those ops touch (a lookup's
@@ -26,7 +26,8 @@ use std::time::Instant;
 
 use clap::Args;
 use cleave_kv_index::{BlockHash, KvEvent, KvEventRecord, Matches, PrefixIndex, WorkerId};
-use cleave_router::sim::{self, cache::LruCache};
+use cleave_route_sim as sim;
+use sim::cache::LruCache;
 
 /// Options of `cleave bench index`.
 #[derive(Debug, Clone, Args)]

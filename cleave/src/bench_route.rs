@@ -1,6 +1,6 @@
 //! `cleave bench route`: routing at scale, simulated. Replays a Mooncake-format trace (or the
 //! generated many-tenant trace) through the router's real prefix index and placement policies
-//! against simulated continuous-batching workers ([`cleave_router::sim`]) and prints, per policy,
+//! against simulated continuous-batching workers ([`cleave_route_sim`]) and prints, per policy,
 //! the prefix hit rate (next to one pooled cache's), load imbalance, simulated TTFT and ITL, and
 //! placement decisions per second. `--sweep` runs 4/8/16/32 workers × two cache sizes × both
 //! trace shapes and ends with the issue-17 goal check of `prefix-load` against the anchors.
@@ -10,8 +10,9 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
+use cleave_route_sim as sim;
 use cleave_router::place::{PlaceConfig, PolicyKind};
-use cleave_router::sim::{self, SimConfig, SimReport, TenantTrace, TimeModel, TraceRequest};
+use sim::{SimConfig, SimReport, TenantTrace, TimeModel, TraceRequest};
 
 /// Which trace to replay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

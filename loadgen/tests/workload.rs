@@ -16,7 +16,7 @@ use cleave_types::trace::TraceRequest;
 
 fn trace_file() -> Vec<TraceRequest> {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../router/tests/data/mooncake_first_300.jsonl");
+        .join("../route-sim/tests/data/mooncake_first_300.jsonl");
     cleave_types::trace::load_trace(&p).unwrap()
 }
 

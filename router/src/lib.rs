@@ -1,6 +1,7 @@
 //! `cleave-router`: places each request on a prefill and a decode worker.
 //!
-//! The router's hops are `api → admit → place → dispatch → stream`; this crate holds:
+//! The router's hops are `api → admit → place → dispatch → stream`; this crate holds the
+//! request path (the routing simulator behind `cleave bench route` is `cleave-route-sim`):
 //! - [`api`]: the OpenAI-compatible HTTP front (axum): validation, tokenization, JSON and SSE
 //!   responses, OpenAI-shaped errors, `/health`, `/ready`, `/metrics`; it reaches the rest of
 //!   the router through the [`api::backend::Backend`] trait.
@@ -9,11 +10,13 @@
 //! - [`drain`]: the stop's drain period (`--drain-period`: `Connection: close`, `/ready` 503).
 //! - [`tls`]: HTTPS on the OpenAI endpoint (rustls, ALPN h2/http1.1, optional client
 //!   certificates, certificate reload without restart).
-//! - [`place`]: the [`place::Policy`] trait and its policies (`prefix-optimistic`, the default:
-//!   `prefix-load`'s cost over the index plus the in-flight overlay [`place::InFlight`]; plus
-//!   `round-robin`, `least-load`, `random` as baselines), the router's view of worker load with
-//!   optimistic accounting ([`place::WorkerView`]), and the typed result [`place::Placement`].
-//!   Prefix affinity comes from `cleave-kv-index`'s [`cleave_kv_index::PrefixIndex`].
+//! - [`place`] (the `cleave-place` crate): the [`place::Policy`] trait and its policies
+//!   (`prefix-optimistic`, the default: `prefix-load`'s cost over the index plus the in-flight
+//!   overlay [`place::InFlight`]; plus `round-robin`, `least-load`, `random` as baselines), the
+//!   view of worker load with optimistic accounting ([`place::WorkerView`]), the typed result
+//!   [`place::Placement`], and the one owner of the placement state
+//!   ([`place::PlacementState`]: index, view, overlay behind one lock). Prefix affinity comes
+//!   from `cleave-kv-index`'s [`cleave_kv_index::PrefixIndex`].
 //! - [`dispatch`]: places each request ([`place`] over the prefix index and load) and streams
 //!   it from the chosen decode worker over gRPC, naming the prefill worker when disaggregating;
 //!   [`watch`] keeps the index and load current from every worker's `Watch` stream, and
@@ -21,10 +24,6 @@
 //!   binary ([`config`]).
 //! - [`events`]: KV events of vLLM / SGLang pods (ZMQ, msgpack) into the prefix index, and
 //!   the backend that places requests on such a pool (`--kv-events vllm --kv-events-pod …`).
-//! - [`sim`]: replays a Mooncake-format trace through the real index and policies against
-//!   simulated workers (LRU caches emitting KV events, FIFO service with a simple time model)
-//!   and reports hit rate, load imbalance, TTFT and decision rate per policy
-//!   (`cleave bench route`).
 //! - [`epp`]: `--mode endpoint-picker`, the same placement as an Envoy ext_proc endpoint picker
 //!   for a Gateway API Inference Extension `InferencePool` (cleave, vLLM or SGLang pods).
 
@@ -41,9 +40,10 @@ mod error;
 pub mod events;
 pub mod keys;
 mod model;
-pub mod place;
+/// Placement (policies, load view, in-flight overlay, the one-lock placement state) is
+/// `cleave-place`'s.
+pub use cleave_place as place;
 pub mod serve;
-pub mod sim;
 pub mod tls;
 pub mod watch;
 

@@ -13,6 +13,5 @@ mod limits;
 mod measured;
 mod replace;
 mod shutdown;
-mod sim;
 mod support;
 mod tls;

@@ -155,7 +155,7 @@ pub fn workload(
     };
     match &a.trace {
         Some(path) => {
-            let full = cleave_router::sim::load_trace(path)?;
+            let full = cleave_route_sim::load_trace(path)?;
             let sample = TraceSample {
                 sessions: a.sessions,
                 limit: Some(a.requests),

@@ -1,5 +1,7 @@
-//! The placement hop: pick a decode worker and, unless the uncached part of the prompt is short,
-//! a separate prefill worker.
+//! `cleave-place`: the router's placement hop, pure (no network, no async): pick a decode worker
+//! and, unless the uncached part of the prompt is short, a separate prefill worker. The router
+//! (`cleave_router::place` re-exports this crate) and the routing simulator (`cleave-route-sim`)
+//! run the same code.
 //!
 //! The caller asks the prefix index for the prompt's per-worker matches, builds a
 //! [`PlacementRequest`], calls [`Policy::place`] with its [`WorkerView`], and then *charges* the
@@ -23,6 +25,8 @@
 //! the decode worker prefills locally (`Placement::prefill == None`) when the prompt's uncached
 //! part on it is below the threshold, when no healthy worker can prefill, or when the chosen
 //! prefill worker is the decode worker itself.
+
+#![forbid(unsafe_code)]
 
 pub mod dynamo_cost;
 pub mod in_flight;

@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use super::{TimeModel, TraceStats};
-use crate::place::PlaceConfig;
+use cleave_place::PlaceConfig;
 
 /// The anchors' policies, which the goal compares against.
 pub const ANCHORS: [&str; 2] = ["sglang-cache-aware", "dynamo-cost"];

@@ -3,8 +3,9 @@
 use std::collections::HashSet;
 use std::path::PathBuf;
 
-use cleave_router::place::PolicyKind;
-use cleave_router::sim::{self, SimConfig, TenantTrace, TraceRequest};
+use cleave_place::PolicyKind;
+use cleave_route_sim as sim;
+use sim::{SimConfig, TenantTrace, TraceRequest};
 
 fn slice() -> Vec<TraceRequest> {
     let path =

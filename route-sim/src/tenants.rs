@@ -7,7 +7,7 @@
 //! arrivals are Poisson at `rate_per_s` (the simulator rescales time to its offered load anyway).
 
 use super::TraceRequest;
-use crate::place::rng::SharedRng;
+use cleave_place::rng::SharedRng;
 
 /// Parameters of the tenant trace.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]

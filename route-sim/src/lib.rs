@@ -1,4 +1,4 @@
-//! Routing at scale, simulated: replays a Mooncake-format trace through the real
+//! `cleave-route-sim`, routing at scale, simulated (`cleave bench route`): replays a Mooncake-format trace through the real
 //! [`PrefixIndex`] and the real placement policies against simulated continuous-batching workers.
 //!
 //! Each simulated worker has an LRU prefix cache of `capacity_blocks` trace blocks
@@ -27,6 +27,8 @@
 //! Reference: the hit rate of one pooled LRU cache of `workers × capacity_blocks` blocks serving
 //! the whole trace (what perfect affinity with no load limits could reach).
 
+#![forbid(unsafe_code)]
+
 pub mod cache;
 pub mod engine;
 pub mod report;
@@ -38,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use cleave_kv_index::{KvEvent, KvEventRecord, Matches, PrefixIndex, WorkerId};
 
-use crate::place::{
+use cleave_place::{
     BuildPolicy, Charge, InFlight, Load, PlaceConfig, PlaceError, Placement, PlacementRequest,
     PolicyKind, Role, Ticket, WorkerView,
 };
