@@ -2,11 +2,13 @@
 //! workers that answer `UNAVAILABLE` (a worker whose group just failed), fail the stream
 //! before its first event, or abort the request before its first token sit next to a healthy
 //! one; every request still gets the healthy worker's tokens. A worker's `INVALID_ARGUMENT`
-//! stays the client's error (not retried elsewhere).
+//! stays the client's error (not retried elsewhere). A worker that fails mid-stream has its
+//! request migrated: the next worker gets the tokens streamed so far as `resume` and the client's
+//! stream goes on without a gap or a repeat.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cleave_kv_index::WorkerId;
 use cleave_proto::v1 as pb;
@@ -25,11 +27,25 @@ enum Behaviour {
     FailFirstEvent,
     AbortBeforeFirstToken,
     BadRequest,
+    /// Streams tokens 10 and 11, then the stream breaks (the worker died mid-stream).
+    BreakAfterTwoTokens,
 }
 
 struct Fake {
     behaviour: Behaviour,
     calls: Arc<AtomicUsize>,
+    /// The `resume` tokens of every call.
+    resumes: Arc<Mutex<Vec<Vec<u32>>>>,
+}
+
+fn token(id: u32) -> Result<pb::GenerateEvent, Status> {
+    Ok(pb::GenerateEvent {
+        event: Some(pb::generate_event::Event::Token(pb::Token {
+            id,
+            text: format!("t{id}"),
+            ..Default::default()
+        })),
+    })
 }
 
 type Events = Pin<Box<dyn Stream<Item = Result<pb::GenerateEvent, Status>> + Send>>;
@@ -50,8 +66,13 @@ impl DecodeWorker for Fake {
     type GenerateStream = Events;
     type WatchStream = Events2;
 
-    async fn generate(&self, _: Request<pb::GenerateRequest>) -> Result<Response<Events>, Status> {
+    async fn generate(
+        &self,
+        request: Request<pb::GenerateRequest>,
+    ) -> Result<Response<Events>, Status> {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        let resume = request.into_inner().resume;
+        self.resumes.lock().unwrap().push(resume);
         let events: Vec<Result<pb::GenerateEvent, Status>> = match self.behaviour {
             Behaviour::Serve => vec![
                 Ok(pb::GenerateEvent {
@@ -73,6 +94,11 @@ impl DecodeWorker for Fake {
             Behaviour::BadRequest => {
                 return Err(Status::invalid_argument("token id 99999 is outside"))
             }
+            Behaviour::BreakAfterTwoTokens => vec![
+                token(10),
+                token(11),
+                Err(Status::unavailable("the worker died")),
+            ],
         };
         Ok(Response::new(Box::pin(tokio_stream::iter(events))))
     }
@@ -84,21 +110,34 @@ impl DecodeWorker for Fake {
 
 type Events2 = Pin<Box<dyn Stream<Item = Result<pb::WorkerUpdate, Status>> + Send>>;
 
-/// Serves a fake decode worker; returns its endpoint and call counter.
-async fn start(behaviour: Behaviour) -> (String, Arc<AtomicUsize>) {
+/// A started fake decode worker.
+struct Started {
+    endpoint: String,
+    calls: Arc<AtomicUsize>,
+    resumes: Arc<Mutex<Vec<Vec<u32>>>>,
+}
+
+/// Serves a fake decode worker.
+async fn start(behaviour: Behaviour) -> Started {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let calls = Arc::new(AtomicUsize::new(0));
+    let resumes = Arc::new(Mutex::new(Vec::new()));
     let svc = DecodeWorkerServer::new(Fake {
         behaviour,
         calls: calls.clone(),
+        resumes: resumes.clone(),
     });
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(svc)
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
-    (format!("http://{addr}"), calls)
+    Started {
+        endpoint: format!("http://{addr}"),
+        calls,
+        resumes,
+    }
 }
 
 fn request(i: usize) -> BackendRequest {
@@ -113,19 +152,27 @@ fn request(i: usize) -> BackendRequest {
     }
 }
 
-/// A dispatcher (round-robin) over healthy decode workers with these behaviours.
-async fn dispatcher(behaviours: &[Behaviour]) -> (Dispatcher, Vec<Arc<AtomicUsize>>) {
+/// A dispatcher (round-robin, starting at the first) over healthy decode workers with these
+/// behaviours, its cluster, and the workers.
+async fn started(behaviours: &[Behaviour]) -> (Dispatcher, Arc<Cluster>, Vec<Started>) {
     let cluster = Arc::new(Cluster::default());
-    let mut counters = Vec::new();
+    let mut workers = Vec::new();
     for (i, b) in behaviours.iter().enumerate() {
-        let (endpoint, calls) = start(*b).await;
+        let w = start(*b).await;
         let id = WorkerId(i as u64 + 1);
-        cluster.add(id, Role::Decode, &endpoint).unwrap();
+        cluster.add(id, Role::Decode, &w.endpoint).unwrap();
         cluster.placement().set_healthy(id, true);
-        counters.push(calls);
+        workers.push(w);
     }
     let policy = PolicyKind::RoundRobin.build(&PlaceConfig::default());
-    (Dispatcher::new(cluster, policy, "m".into()), counters)
+    let d = Dispatcher::new(cluster.clone(), policy, "m".into());
+    (d, cluster, workers)
+}
+
+/// [`started`], with the workers' call counters.
+async fn dispatcher(behaviours: &[Behaviour]) -> (Dispatcher, Vec<Arc<AtomicUsize>>) {
+    let (d, _, workers) = started(behaviours).await;
+    (d, workers.into_iter().map(|w| w.calls).collect())
 }
 
 async fn tokens(d: &Dispatcher, i: usize) -> Vec<u32> {
@@ -169,4 +216,57 @@ async fn a_workers_invalid_argument_is_the_clients_error() {
         other => panic!("expected BadRequest, got {:?}", other.map(|_| "a stream")),
     }
     assert_eq!(calls[1].load(Ordering::SeqCst), 0);
+}
+
+/// Every event of request `i`, in order.
+async fn events(d: &Dispatcher, i: usize) -> Vec<BackendEvent> {
+    let mut s = d.generate(request(i)).await.expect("placed");
+    let mut out = Vec::new();
+    while let Some(ev) = s.next().await {
+        out.push(ev);
+    }
+    out
+}
+
+fn token_ids(events: &[BackendEvent]) -> Vec<u32> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            BackendEvent::Token { id, .. } => Some(*id),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_stream_whose_worker_dies_mid_stream_goes_on_from_another_worker() {
+    let (d, cluster, workers) = started(&[Behaviour::BreakAfterTwoTokens, Behaviour::Serve]).await;
+    let evs = events(&d, 0).await;
+    // The client sees the first worker's two tokens, then the second worker's, once each, and
+    // the request finishes normally.
+    assert_eq!(token_ids(&evs), vec![10, 11, 42]);
+    assert!(
+        matches!(evs.last(), Some(BackendEvent::Finished { .. })),
+        "{evs:?}"
+    );
+    // The second worker was asked to go on from what the client already has.
+    assert_eq!(*workers[0].resumes.lock().unwrap(), vec![Vec::<u32>::new()]);
+    assert_eq!(*workers[1].resumes.lock().unwrap(), vec![vec![10, 11]]);
+    // The failed worker is out of placement, and every load charge was given back.
+    assert_eq!(cluster.placement().healthy_decode_workers(), 1);
+    assert!(cluster.placement().no_load_charged());
+}
+
+#[tokio::test]
+async fn without_migration_a_mid_stream_failure_ends_the_stream_in_an_error() {
+    let (d, cluster, workers) = started(&[Behaviour::BreakAfterTwoTokens, Behaviour::Serve]).await;
+    let d = d.with_migration_limit(0);
+    let evs = events(&d, 0).await;
+    assert_eq!(token_ids(&evs), vec![10, 11]);
+    match evs.last() {
+        Some(BackendEvent::Lost(why)) => assert!(why.contains("--migration-limit 0"), "{why}"),
+        other => panic!("expected the stream to be lost, got {other:?}"),
+    }
+    assert_eq!(workers[1].calls.load(Ordering::SeqCst), 0);
+    assert!(cluster.placement().no_load_charged());
 }
