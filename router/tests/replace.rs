@@ -38,14 +38,14 @@ struct Fake {
     resumes: Arc<Mutex<Vec<Vec<u32>>>>,
 }
 
-fn token(id: u32) -> Result<pb::GenerateEvent, Status> {
-    Ok(pb::GenerateEvent {
+fn token(id: u32) -> pb::GenerateEvent {
+    pb::GenerateEvent {
         event: Some(pb::generate_event::Event::Token(pb::Token {
             id,
             text: format!("t{id}"),
             ..Default::default()
         })),
-    })
+    }
 }
 
 type Events = Pin<Box<dyn Stream<Item = Result<pb::GenerateEvent, Status>> + Send>>;
@@ -95,8 +95,8 @@ impl DecodeWorker for Fake {
                 return Err(Status::invalid_argument("token id 99999 is outside"))
             }
             Behaviour::BreakAfterTwoTokens => vec![
-                token(10),
-                token(11),
+                Ok(token(10)),
+                Ok(token(11)),
                 Err(Status::unavailable("the worker died")),
             ],
         };
