@@ -128,7 +128,38 @@ pub fn validate(
             return Err(ApiError::ModelNotFound(model.clone()));
         }
     }
-    let structured = super::structured::requested(&req)?;
+    let (tools, constraint, constraint_field) = output_rules(endpoint, &mut req)?;
+    let input = input(endpoint, &mut req, &tools)?;
+    let n = req.n.unwrap_or(1);
+    if !(1..=MAX_N).contains(&n) {
+        return Err(ApiError::invalid(
+            "n",
+            format!("`n` must be in [1, {MAX_N}], got {n}"),
+        ));
+    }
+    let max_tokens = max_tokens(&req)?;
+    let params = sampling(endpoint, &mut req, constraint)?;
+    let stream = req.stream.unwrap_or(false);
+    let job = Job {
+        endpoint,
+        prompts: Vec::new(),
+        n: n as usize,
+        params,
+        stream,
+        include_usage: stream && req.stream_options.is_some_and(|o| o.include_usage),
+        tools,
+        constraint_field,
+    };
+    Ok((job, input, max_tokens))
+}
+
+/// What shapes the output: the tools (chat only) or a structured-output request, never both;
+/// the constraint either one puts on the output and the request field that asked for it.
+fn output_rules(
+    endpoint: Endpoint,
+    req: &mut CompletionRequest,
+) -> Result<(Option<tools::Tools>, Option<Constraint>, String), ApiError> {
+    let structured = super::structured::requested(req)?;
     let tools = match endpoint {
         Endpoint::Chat => tools::parse(
             req.tools.take(),
@@ -143,7 +174,7 @@ pub fn validate(
         }
         Endpoint::Completion => None,
     };
-    let (constraint, constraint_field) = match (&tools, structured) {
+    let (constraint, field) = match (&tools, structured) {
         (Some(_), Some(r)) => {
             return Err(ApiError::invalid(
                 r.field,
@@ -154,10 +185,20 @@ pub fn validate(
         (None, Some(r)) => (Some(r.constraint), r.field),
         (None, None) => (None, String::new()),
     };
-    let input = match endpoint {
+    Ok((tools, constraint, field))
+}
+
+/// The text to tokenize: the chat's messages (with its tools), or the completion's prompt.
+fn input(
+    endpoint: Endpoint,
+    req: &mut CompletionRequest,
+    tools: &Option<tools::Tools>,
+) -> Result<Input, ApiError> {
+    match endpoint {
         Endpoint::Chat => {
             let messages = req
                 .messages
+                .take()
                 .ok_or_else(|| ApiError::invalid("messages", "`messages` is required"))?;
             if messages.is_empty() {
                 return Err(ApiError::invalid(
@@ -165,14 +206,15 @@ pub fn validate(
                     "`messages` must not be empty",
                 ));
             }
-            Input::Chat {
+            Ok(Input::Chat {
                 messages: chat_messages(messages)?,
                 tools: tools.clone(),
-            }
+            })
         }
         Endpoint::Completion => {
             let prompt = req
                 .prompt
+                .take()
                 .ok_or_else(|| ApiError::invalid("prompt", "`prompt` is required"))?;
             if req.echo == Some(true) {
                 return Err(ApiError::invalid("echo", "`echo` is not supported"));
@@ -184,15 +226,37 @@ pub fn validate(
                     "`best_of` must be 1 or equal to `n`",
                 ));
             }
-            prompt_input(prompt)?
+            prompt_input(prompt)
         }
-    };
+    }
+}
 
-    // `temperature`, `top_p`, `top_logprobs`' bound and empty stop strings are checked once,
-    // by `SamplingParams::validate` below (the workers run the same rules on what they
-    // receive); this checks what the sampling parameters do not hold.
-    let temperature = req.temperature.unwrap_or(1.0);
-    let top_p = req.top_p.unwrap_or(1.0);
+/// The requested output length, under whichever name the client used
+/// (`max_completion_tokens` wins over `max_tokens`).
+fn max_tokens(req: &CompletionRequest) -> Result<Option<usize>, ApiError> {
+    let max_tokens = match (req.max_completion_tokens, req.max_tokens) {
+        (Some(m), _) => Some(("max_completion_tokens", m)),
+        (None, Some(m)) => Some(("max_tokens", m)),
+        (None, None) => None,
+    };
+    if let Some((name, 0)) = max_tokens {
+        return Err(ApiError::invalid(
+            name,
+            format!("`{name}` must be at least 1"),
+        ));
+    }
+    Ok(max_tokens.map(|(_, m)| usize::try_from(m).unwrap_or(usize::MAX)))
+}
+
+/// The sampling parameters (`max_tokens` is set per prompt once the prompt's length is known).
+/// `temperature`, `top_p`, `top_logprobs`' bound and empty stop strings are checked once, by
+/// `SamplingParams::validate` (the workers run the same rules on what they receive); this
+/// checks what the sampling parameters do not hold.
+fn sampling(
+    endpoint: Endpoint,
+    req: &mut CompletionRequest,
+    constraint: Option<Constraint>,
+) -> Result<SamplingParams, ApiError> {
     let top_k = match req.top_k {
         None | Some(-1) | Some(0) => 0,
         Some(k) if k > 0 => k as usize,
@@ -203,13 +267,6 @@ pub fn validate(
             ))
         }
     };
-    let n = req.n.unwrap_or(1);
-    if !(1..=MAX_N).contains(&n) {
-        return Err(ApiError::invalid(
-            "n",
-            format!("`n` must be in [1, {MAX_N}], got {n}"),
-        ));
-    }
     for (name, v) in [
         ("presence_penalty", req.presence_penalty),
         ("frequency_penalty", req.frequency_penalty),
@@ -223,19 +280,7 @@ pub fn validate(
             }
         }
     }
-    let max_tokens = match (req.max_completion_tokens, req.max_tokens) {
-        (Some(m), _) => Some(("max_completion_tokens", m)),
-        (None, Some(m)) => Some(("max_tokens", m)),
-        (None, None) => None,
-    };
-    if let Some((name, 0)) = max_tokens {
-        return Err(ApiError::invalid(
-            name,
-            format!("`{name}` must be at least 1"),
-        ));
-    }
-    let max_tokens = max_tokens.map(|(_, m)| usize::try_from(m).unwrap_or(usize::MAX));
-    let stop = match req.stop {
+    let stop = match req.stop.take() {
         None => Vec::new(),
         Some(Stop::One(s)) => vec![s],
         Some(Stop::Many(v)) => v,
@@ -249,34 +294,22 @@ pub fn validate(
             ),
         ));
     }
-    let logprobs = logprobs(endpoint, req.logprobs, req.top_logprobs)?;
     let params = SamplingParams {
-        temperature,
+        temperature: req.temperature.unwrap_or(1.0),
         top_k,
-        top_p,
+        top_p: req.top_p.unwrap_or(1.0),
         seed: req.seed,
         max_tokens: 1,
         stop,
         stop_token_ids: Vec::new(),
         ignore_eos: req.ignore_eos.unwrap_or(false),
-        logprobs,
+        logprobs: logprobs(endpoint, req.logprobs, req.top_logprobs)?,
         constraint,
     };
     params
         .validate()
         .map_err(|e| ApiError::invalid(e.field(), e.to_string()))?;
-    let stream = req.stream.unwrap_or(false);
-    let job = Job {
-        endpoint,
-        prompts: Vec::new(),
-        n: n as usize,
-        params,
-        stream,
-        include_usage: stream && req.stream_options.is_some_and(|o| o.include_usage),
-        tools,
-        constraint_field,
-    };
-    Ok((job, input, max_tokens))
+    Ok(params)
 }
 
 /// Compiles the job's output constraint and its tools' parameter schemas: a schema, regex or
