@@ -68,68 +68,16 @@ pub async fn run(
         .unwrap_or_else(|| default_model_name(&config.model));
     let mut registry = Registry::default();
     let metrics = Arc::new(RouterMetrics::new(&mut registry));
-    let api_keys = match &config.api_keys_file {
-        None => None,
-        Some(p) => {
-            let key_metrics = config.key_metrics.then(|| KeyMetrics::new(&mut registry));
-            let keys = Keys::load(p, key_metrics)?;
-            tracing::info!(keys = keys.len(), file = %p.display(), "API keys loaded");
-            Some(Arc::new(keys))
-        }
-    };
+    let api_keys = load_keys(&config, &mut registry)?;
     let tls = match config.tls_files()? {
         None => None,
         Some(files) => Some(Arc::new(TlsReloader::load(files)?)),
     };
     let internal_tls = cleave_tls::Mutual::from_args(&config.internal_tls)?;
     let cluster = Arc::new(Cluster::for_policy(config.policy).with_internal_tls(internal_tls));
-    let mut workers: Vec<(Role, String)> = config
-        .prefill
-        .iter()
-        .map(|e| (Role::Prefill, e.clone()))
-        .collect();
-    workers.extend(config.decode.iter().map(|e| (Role::Decode, e.clone())));
     crate::config::validate(&config)?;
-    Box::new(Static { workers }).start(cluster.clone(), shutdown.clone())?;
-    let etcd = config.etcd_endpoints();
-    if !etcd.is_empty() {
-        let discovery = Etcd::connect(&etcd, &config.etcd_prefix)
-            .await
-            .map_err(|source| RouterError::Etcd {
-                endpoints: etcd.join(","),
-                source: Box::new(source),
-            })?;
-        Box::new(discovery).start(cluster.clone(), shutdown.clone())?;
-        tracing::info!(endpoints = %etcd.join(","), prefix = %config.etcd_prefix, "etcd discovery started");
-    }
-    if config.kubernetes() {
-        let selector = config.kube_selector.as_deref().unwrap_or_default();
-        let mut discovery = Kube::connect(config.kube_namespace.as_deref(), selector)
-            .await
-            .map_err(|source| RouterError::Kube {
-                selector: selector.to_string(),
-                source: Box::new(source),
-            })?;
-        discovery.relist_every = config.kube_relist;
-        let namespace = discovery.namespace().to_string();
-        Box::new(discovery).start(cluster.clone(), shutdown.clone())?;
-        tracing::info!(%namespace, %selector, "kubernetes discovery started");
-    }
-    let place = PlaceConfig::from(&config.placement);
-    let backend: Arc<dyn crate::api::backend::Backend> = match config.kv_events {
-        Some(_) => Arc::new(crate::events::start_pool(
-            &config,
-            cluster.clone(),
-            &place,
-            model_name,
-            shutdown.clone(),
-        )?),
-        None => Arc::new(
-            Dispatcher::new(cluster.clone(), config.policy.build(&place), model_name)
-                .with_metrics(metrics.clone())
-                .with_migration_limit(config.migration_limit),
-        ),
-    };
+    start_discovery(&config, &cluster, &shutdown).await?;
+    let backend = backend(&config, &cluster, model_name, &metrics, &shutdown)?;
     let admission = Admission::new(
         AdmitConfig {
             max_in_flight: config.max_in_flight,
@@ -202,6 +150,87 @@ pub async fn run(
         tls,
         keys: api_keys,
         draining: drain.draining.clone(),
+    })
+}
+
+/// The API keys of `--api-keys-file`, with their per-key metrics when `--key-metrics` is on.
+fn load_keys(
+    config: &RouterConfig,
+    registry: &mut Registry,
+) -> Result<Option<Arc<Keys>>, RouterError> {
+    let Some(p) = &config.api_keys_file else {
+        return Ok(None);
+    };
+    let key_metrics = config.key_metrics.then(|| KeyMetrics::new(registry));
+    let keys = Keys::load(p, key_metrics)?;
+    tracing::info!(keys = keys.len(), file = %p.display(), "API keys loaded");
+    Ok(Some(Arc::new(keys)))
+}
+
+/// Starts every source of workers the flags name: the static `--prefill`/`--decode` lists,
+/// etcd, Kubernetes; each runs until `shutdown`.
+async fn start_discovery(
+    config: &RouterConfig,
+    cluster: &Arc<Cluster>,
+    shutdown: &CancellationToken,
+) -> Result<(), RouterError> {
+    let mut workers: Vec<(Role, String)> = config
+        .prefill
+        .iter()
+        .map(|e| (Role::Prefill, e.clone()))
+        .collect();
+    workers.extend(config.decode.iter().map(|e| (Role::Decode, e.clone())));
+    Box::new(Static { workers }).start(cluster.clone(), shutdown.clone())?;
+    let etcd = config.etcd_endpoints();
+    if !etcd.is_empty() {
+        let discovery = Etcd::connect(&etcd, &config.etcd_prefix)
+            .await
+            .map_err(|source| RouterError::Etcd {
+                endpoints: etcd.join(","),
+                source: Box::new(source),
+            })?;
+        Box::new(discovery).start(cluster.clone(), shutdown.clone())?;
+        tracing::info!(endpoints = %etcd.join(","), prefix = %config.etcd_prefix, "etcd discovery started");
+    }
+    if config.kubernetes() {
+        let selector = config.kube_selector.as_deref().unwrap_or_default();
+        let mut discovery = Kube::connect(config.kube_namespace.as_deref(), selector)
+            .await
+            .map_err(|source| RouterError::Kube {
+                selector: selector.to_string(),
+                source: Box::new(source),
+            })?;
+        discovery.relist_every = config.kube_relist;
+        let namespace = discovery.namespace().to_string();
+        Box::new(discovery).start(cluster.clone(), shutdown.clone())?;
+        tracing::info!(%namespace, %selector, "kubernetes discovery started");
+    }
+    Ok(())
+}
+
+/// What requests go to: the dispatcher over cleave workers, or (`--kv-events`) the pool of
+/// vLLM/SGLang engine pods.
+fn backend(
+    config: &RouterConfig,
+    cluster: &Arc<Cluster>,
+    model_name: String,
+    metrics: &Arc<RouterMetrics>,
+    shutdown: &CancellationToken,
+) -> Result<Arc<dyn crate::api::backend::Backend>, RouterError> {
+    let place = PlaceConfig::from(&config.placement);
+    Ok(match config.kv_events {
+        Some(_) => Arc::new(crate::events::start_pool(
+            config,
+            cluster.clone(),
+            &place,
+            model_name,
+            shutdown.clone(),
+        )?),
+        None => Arc::new(
+            Dispatcher::new(cluster.clone(), config.policy.build(&place), model_name)
+                .with_metrics(metrics.clone())
+                .with_migration_limit(config.migration_limit),
+        ),
     })
 }
 
