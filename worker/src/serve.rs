@@ -91,6 +91,102 @@ impl std::fmt::Debug for RoleService {
     }
 }
 
+/// This worker's KV memory: a region of the transport (so peers can write into it) holding
+/// `blocks` blocks of `layout`, and the cache over it.
+struct KvMemory {
+    cache: KvCache,
+    handle: RegionHandle,
+    layout: KvLayout,
+    blocks: usize,
+}
+
+impl KvMemory {
+    /// Sizes the pool (`--kv-blocks` or `--kv-memory`) and allocates it from `transport`.
+    fn allocate(
+        config: &WorkerConfig,
+        model: &cleave_engine::model::Model,
+        transport: &dyn Transport,
+    ) -> Result<KvMemory, WorkerError> {
+        let layout = model.kv_layout(cleave_engine::kv::DEFAULT_BLOCK_SIZE, config.kv_dtype);
+        let blocks = crate::config::kv_pool_blocks(config, model, &layout)?;
+        let region = transport
+            .allocate_region(blocks * layout.block_bytes())
+            .map_err(WorkerError::Region)?;
+        let handle = region.handle();
+        let cache = KvCache::new(layout, blocks, Box::new(region))?;
+        Ok(KvMemory {
+            cache,
+            handle,
+            layout,
+            blocks,
+        })
+    }
+}
+
+/// Every other rank's transport address and KV region, for rank-to-rank P/D
+/// ([`crate::rank_kv`]).
+async fn rank_regions(
+    group: &Arc<cleave_collective::NetGroup>,
+    transport: &dyn Transport,
+    handle: &RegionHandle,
+) -> Result<Vec<RankRegion>, WorkerError> {
+    let mine = RankRegion {
+        address: transport.local_address(),
+        region: handle.descriptor(),
+    };
+    let g = group.clone();
+    let mut all =
+        tokio::task::spawn_blocking(move || crate::rank_kv::exchange(g.as_ref(), &mine)).await??;
+    all.remove(0);
+    Ok(all)
+}
+
+type ServerTask<E> = tokio::task::JoinHandle<Result<(), E>>;
+
+/// Serves the role's gRPC `routes` on `listener` (over mutual TLS when configured) until
+/// `stop`.
+fn serve_grpc(
+    listener: TcpListener,
+    routes: Routes,
+    state: &WorkerState,
+    stop: CancellationToken,
+) -> Result<ServerTask<tonic::transport::Error>, WorkerError> {
+    // Nagle off: token events are small writes, and one held back until the router's delayed
+    // ACK (40 ms on Linux) is a stall in the client's stream.
+    let incoming = tonic::transport::server::TcpIncoming::from_listener(listener, true, None)
+        .map_err(WorkerError::Grpc)?;
+    let mut server = tonic::transport::Server::builder();
+    if let Some(tls) = &state.internal_tls {
+        server = server
+            .tls_config(tls.grpc_server())
+            .map_err(|e| WorkerError::Grpc(e.into()))?;
+    }
+    let server = server.add_routes(routes);
+    Ok(tokio::spawn(async move {
+        server
+            .serve_with_incoming_shutdown(incoming, stop.cancelled_owned())
+            .await
+    }))
+}
+
+/// Serves `/health`, `/ready` and `/metrics` on `listener` until `stop`.
+fn serve_http(
+    listener: TcpListener,
+    state: &Arc<WorkerState>,
+    stop: CancellationToken,
+) -> ServerTask<std::io::Error> {
+    let app = axum::Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics_text))
+        .with_state(state.clone());
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await
+    })
+}
+
 /// Loads the model, allocates the KV pool from the transport and starts serving `service`'s
 /// role until `shutdown`. Returns once both listeners are bound.
 pub async fn run(
@@ -130,29 +226,17 @@ pub async fn run(
         ..crate::kv_addr::transport_config(&config)?
     };
     let transport = default_transport(&transport_config).map_err(WorkerError::Transport)?;
-    let layout = model.kv_layout(cleave_engine::kv::DEFAULT_BLOCK_SIZE, config.kv_dtype);
-    let kv_blocks = crate::config::kv_pool_blocks(&config, &model, &layout)?;
-    let region = transport
-        .allocate_region(kv_blocks * layout.block_bytes())
-        .map_err(WorkerError::Region)?;
-    let handle = region.handle();
-    let cache = KvCache::new(layout, kv_blocks, Box::new(region))?;
-    // Every rank's transport address and KV region, for rank-to-rank P/D (crate::rank_kv).
+    let kv = KvMemory::allocate(&config, &model, transport.as_ref())?;
     let ranks = match &group {
-        Some(g) => {
-            let mine = RankRegion {
-                address: transport.local_address(),
-                region: handle.descriptor(),
-            };
-            let g = g.clone();
-            let mut all =
-                tokio::task::spawn_blocking(move || crate::rank_kv::exchange(g.as_ref(), &mine))
-                    .await??;
-            all.remove(0);
-            all
-        }
+        Some(g) => rank_regions(g, transport.as_ref(), &kv.handle).await?,
         None => Vec::new(),
     };
+    let KvMemory {
+        cache,
+        handle,
+        layout,
+        blocks: kv_blocks,
+    } = kv;
     let engine_config = EngineConfig {
         num_blocks: kv_blocks,
         kv_dtype: config.kv_dtype,
@@ -210,34 +294,13 @@ pub async fn run(
     let grpc_addr = grpc.local_addr().map_err(|e| WorkerError::Grpc(e.into()))?;
     let http_addr = http.local_addr().map_err(WorkerError::Http)?;
 
-    // Nagle off: token events are small writes, and one held back until the router's delayed
-    // ACK (40 ms on Linux) is a stall in the client's stream.
-    let grpc = tonic::transport::server::TcpIncoming::from_listener(grpc, true, None)
-        .map_err(WorkerError::Grpc)?;
-    let mut grpc_server = tonic::transport::Server::builder();
-    if let Some(tls) = &state.internal_tls {
-        grpc_server = grpc_server
-            .tls_config(tls.grpc_server())
-            .map_err(|e| WorkerError::Grpc(e.into()))?;
-    }
-    let grpc_server = grpc_server.add_routes((service.routes)(state.clone()));
-    let stop = serving.clone();
-    let grpc_task = tokio::spawn(async move {
-        grpc_server
-            .serve_with_incoming_shutdown(grpc, stop.cancelled_owned())
-            .await
-    });
-    let app = axum::Router::new()
-        .route("/health", get(|| async { "ok" }))
-        .route("/ready", get(ready))
-        .route("/metrics", get(metrics_text))
-        .with_state(state.clone());
-    let stop = shutdown.clone();
-    let http_task = tokio::spawn(async move {
-        axum::serve(http, app)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await
-    });
+    let grpc_task = serve_grpc(
+        grpc,
+        (service.routes)(state.clone()),
+        &state,
+        serving.clone(),
+    )?;
+    let http_task = serve_http(http, &state, shutdown.clone());
     state.ready.store(true, Ordering::SeqCst);
     tracing::info!(%grpc_addr, %http_addr, "worker ready");
     let registration = match crate::register::start(role, &config, grpc_addr, serving.clone())
