@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use cleave_engine::engine::{GenerateRequest, PrefillMode, SeqEvent};
 use cleave_engine::schedule::SeqId;
-use cleave_kv_transfer::WriteOp;
+use cleave_kv_transfer::{RegionDescriptor, WorkerAddress, WriteOp};
 use cleave_proto::v1 as pb;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -78,13 +78,16 @@ fn bad(what: &str) -> Status {
     cleave_worker::convert::invalid_argument(what)
 }
 
-/// Runs one prefill request to completion.
-pub async fn run(
-    state: Arc<WorkerState>,
-    req: pb::PrefillRequest,
-) -> Result<pb::PrefillResponse, Status> {
+/// The request's destination, checked against this worker: the decode worker's blocks must be
+/// the size of ours and enough for the prompt, its address and region well formed.
+#[allow(clippy::result_large_err)] // tonic's Status is the handler's error type
+fn destination(
+    state: &WorkerState,
+    req: &pb::PrefillRequest,
+) -> Result<(pb::KvDestination, WorkerAddress, RegionDescriptor), Status> {
     let dest = req
         .destination
+        .clone()
         .ok_or_else(|| bad("destination is required"))?;
     let bb = state.layout.block_bytes();
     if dest.block_bytes != bb as u64 {
@@ -100,6 +103,51 @@ pub async fn run(
         .map_err(|e| bad(&e.to_string()))?;
     let remote = kv::region_from_wire(dest.region.as_ref(), "destination.region")
         .map_err(|e| bad(&e.to_string()))?;
+    Ok((dest, peer, remote))
+}
+
+/// Waits for every write of this request (and, in a group, every follower's) to be confirmed
+/// by the decode side: the bytes sent, or why the KV is not there.
+async fn confirm_writes(
+    state: &WorkerState,
+    id: SeqId,
+    mut writes: JoinSet<Result<u64, cleave_kv_transfer::Error>>,
+) -> Result<u64, Status> {
+    let mut bytes = 0;
+    while let Some(r) = writes.join_next().await {
+        match r {
+            Ok(Ok(n)) => bytes += n,
+            Ok(Err(e)) => {
+                return Err(Status::unavailable(format!(
+                    "writing KV to the decode worker: {e}"
+                )))
+            }
+            Err(e) => return Err(Status::internal(format!("transfer task: {e}"))),
+        }
+    }
+    if state.group_size > 1 {
+        // Every follower's writes must be confirmed too before the decode side may read.
+        let failed = state
+            .engine
+            .group_relay(Relay::Finish { key: id.0 }.encode(), true)
+            .await
+            .map_err(|e| Status::unavailable(format!("worker group: {e}")))?;
+        if failed != 0.0 {
+            return Err(Status::unavailable(format!(
+                "writing KV to the decode worker: {failed} rank(s) of this prefill group failed"
+            )));
+        }
+    }
+    Ok(bytes)
+}
+
+/// Runs one prefill request to completion.
+pub async fn run(
+    state: Arc<WorkerState>,
+    req: pb::PrefillRequest,
+) -> Result<pb::PrefillResponse, Status> {
+    let (dest, peer, remote) = destination(&state, &req)?;
+    let bb = state.layout.block_bytes();
     let targets = Arc::new(targets(
         &dest,
         &RankRegion {
@@ -193,31 +241,7 @@ pub async fn run(
     }
     let compute = compute_done.ok_or_else(|| Status::unavailable("the engine stopped"))?;
     let transfer_start = Instant::now();
-    let mut bytes = 0;
-    while let Some(r) = writes.join_next().await {
-        match r {
-            Ok(Ok(n)) => bytes += n,
-            Ok(Err(e)) => {
-                return Err(Status::unavailable(format!(
-                    "writing KV to the decode worker: {e}"
-                )))
-            }
-            Err(e) => return Err(Status::internal(format!("transfer task: {e}"))),
-        }
-    }
-    if state.group_size > 1 {
-        // Every follower's writes must be confirmed too before the decode side may read.
-        let failed = state
-            .engine
-            .group_relay(Relay::Finish { key: id.0 }.encode(), true)
-            .await
-            .map_err(|e| Status::unavailable(format!("worker group: {e}")))?;
-        if failed != 0.0 {
-            return Err(Status::unavailable(format!(
-                "writing KV to the decode worker: {failed} rank(s) of this prefill group failed"
-            )));
-        }
-    }
+    let bytes = confirm_writes(&state, id, writes).await?;
     // Every block is at the decode worker: ours can go back to the pool (cached).
     drop(lease);
     guard.armed = false;
