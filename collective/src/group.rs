@@ -84,7 +84,7 @@ impl NetGroup {
             deadline: Instant::now() + self.timeout,
             timeout: self.timeout,
             #[cfg(have_ucx)]
-            ucx: self.ucx.as_ref(),
+            ucx: self.ucx.as_ref().map(|u| u as &dyn crate::wire::Exchanger),
         };
         let res = f(&call);
         if let Err(e) = &res {

@@ -68,6 +68,17 @@ unsafe impl std::marker::Send for Ucx {}
 // SAFETY: as above.
 unsafe impl Sync for Ucx {}
 
+impl crate::wire::Exchanger for Ucx {
+    fn exchange(
+        &self,
+        call: &Call<'_>,
+        sends: Vec<Outgoing<'_>>,
+        recvs: Vec<Recv<'_>>,
+    ) -> Result<(), CollectiveError> {
+        Ucx::exchange(self, call, sends, recvs)
+    }
+}
+
 impl Ucx {
     /// Creates the context and worker; returns them with the worker's packed address.
     pub(crate) fn new() -> Result<(Ucx, Vec<u8>), GroupError> {

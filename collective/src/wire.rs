@@ -120,8 +120,22 @@ pub(crate) struct Call<'s> {
     pub links: &'s [Option<TcpStream>],
     pub deadline: Instant,
     pub timeout: Duration,
+    /// Moves the call's messages instead of the TCP links (UCX tag messages).
     #[cfg(have_ucx)]
-    pub ucx: Option<&'s crate::ucx::Ucx>,
+    pub ucx: Option<&'s dyn Exchanger>,
+}
+
+/// Another way to move one call's messages than the TCP links: the UCX transport implements
+/// it, so this module needs to know nothing of UCX.
+#[cfg(have_ucx)]
+pub(crate) trait Exchanger {
+    /// [`Call::exchange`]'s contract, over this transport.
+    fn exchange(
+        &self,
+        call: &Call<'_>,
+        sends: Vec<Outgoing<'_>>,
+        recvs: Vec<Recv<'_>>,
+    ) -> Result<(), CollectiveError>;
 }
 
 fn peer_failed(peer: usize, why: impl std::fmt::Display) -> CollectiveError {

@@ -13,6 +13,7 @@ pub mod moe;
 pub mod ops;
 pub mod reference;
 pub mod score;
+mod tensors;
 pub mod weights;
 
 use std::path::Path;

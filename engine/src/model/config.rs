@@ -402,7 +402,7 @@ fn read_rope_scaling(
         if g.tensor(name).is_err() {
             return Ok(None);
         }
-        Ok(Some(super::weights::vector(g, name, rope_dim / 2)?))
+        Ok(Some(super::tensors::vector(g, name, rope_dim / 2)?))
     };
     let factors = match tensor("rope_freqs.weight")? {
         Some(f) => Some(f),

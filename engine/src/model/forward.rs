@@ -1,6 +1,6 @@
 //! The layer loop.
 
-use crate::kernels::{Activations, QMatrix};
+use crate::kernels::Activations;
 use crate::kv::memory::KvCache;
 use crate::kv::BlockId;
 use cleave_types::collective::CollectiveError;
@@ -8,7 +8,9 @@ use cleave_types::collective::CollectiveError;
 use super::attention::{attend, write_kv, AttnParams, AttnScratch, TokenSlot};
 use super::config::{Activation, ModelConfig, RopeScaling};
 use super::moe::MoeScratch;
-use super::ops::{add_bias, add_inplace, geglu, rms_norm, rms_norm_inplace, softcap, swiglu, Rope};
+use super::ops::{
+    add_bias, add_inplace, geglu, matmul, rms_norm, rms_norm_inplace, softcap, swiglu, Rope,
+};
 use super::weights::Ffn;
 use super::Model;
 
@@ -65,19 +67,6 @@ impl Workspace {
     pub fn new() -> Self {
         Self::default()
     }
-}
-
-pub(super) fn matmul(
-    m: &QMatrix,
-    acts: &mut Activations,
-    x: &[f32],
-    n: usize,
-    out: &mut Vec<f32>,
-    th: &crate::kernels::Threads,
-) {
-    acts.set(x, n, m.cols());
-    out.resize(n * m.rows(), 0.0);
-    m.matmul(acts, out, th);
 }
 
 /// The RoPE tables: the global layers' (with the model's frequency scaling) and, when window

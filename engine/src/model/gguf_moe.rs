@@ -8,7 +8,7 @@ use cleave_text::gguf::{GgmlType, GgufFile};
 
 use super::config::ModelConfig;
 use super::moe::{MoeLayer, SharedExpert};
-use super::weights::{expect_shape, kernel_type, matrix, vector, Mlp, Shard};
+use super::tensors::{expect_shape, kernel_type, matrix, vector, Mlp, Shard};
 use super::ModelError;
 
 /// Experts `first..first + n` of the stacked tensor `name`, each `[rows x cols]`.

@@ -18,9 +18,8 @@ use std::sync::atomic::Ordering;
 use crate::kernels::{Activations, QMatrix, Threads};
 use cleave_types::collective::CollectiveError;
 
-use super::forward::matmul;
-use super::ops::swiglu;
-use super::weights::{Mlp, Shard};
+use super::ops::{matmul, swiglu};
+use super::tensors::{Mlp, Shard};
 use super::Model;
 
 /// One MoE block's weights on this rank.

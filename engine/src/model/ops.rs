@@ -5,6 +5,7 @@
 //! other tokens share the batch.
 
 use super::config::{RopeScaling, RopeStyle};
+use crate::kernels::{Activations, QMatrix};
 
 /// `out = x / rms(x) * weight`, row by row (`x.len()` a multiple of `weight.len()`).
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
@@ -148,6 +149,20 @@ pub fn add_inplace(x: &mut [f32], y: &[f32]) {
     for (a, b) in x.iter_mut().zip(y) {
         *a += b;
     }
+}
+
+/// `out = m · x` for `n` rows of `x` (quantizing the activations once for the product).
+pub(super) fn matmul(
+    m: &QMatrix,
+    acts: &mut Activations,
+    x: &[f32],
+    n: usize,
+    out: &mut Vec<f32>,
+    th: &crate::kernels::Threads,
+) {
+    acts.set(x, n, m.cols());
+    out.resize(n * m.rows(), 0.0);
+    m.matmul(acts, out, th);
 }
 
 #[cfg(test)]
