@@ -8,9 +8,11 @@ pub mod bench_collectives;
 pub mod bench_compare;
 pub mod bench_index;
 pub mod bench_overload;
+pub mod bench_quants;
 pub mod bench_route;
 pub mod bench_serve;
 pub mod bench_structured;
+pub mod bench_tp_deviation;
 pub mod fetch;
 pub mod fuzz;
 pub mod generate;
@@ -126,6 +128,13 @@ pub enum BenchCommand {
     /// What constrained decoding costs: decode ITL and tok/s at 1 and 16 concurrent requests,
     /// free vs each request with its own JSON schema, and schema compile time.
     Structured(bench_structured::StructuredArgs),
+    /// How far a tensor-parallel group's logits are from one process's on long prompts
+    /// (threads as ranks): argmax agreement and |Δ logprob| by position, and a check that
+    /// chunked prefill is bit-identical at both sizes.
+    TpDeviation(bench_tp_deviation::TpDeviationArgs),
+    /// Quantizations of one model side by side on one thread: prefill and decode tok/s,
+    /// perplexity on a reference text, argmax agreement with the first.
+    Quants(bench_quants::QuantsArgs),
     /// One rank of `bench collectives` (started by it).
     #[command(hide = true)]
     CollectivesRank(bench_collectives::RankArgs),
@@ -200,6 +209,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench { command } => match command {
             BenchCommand::Engine(args) => bench::bench_engine(args),
             BenchCommand::Structured(args) => bench_structured::bench_structured(args),
+            BenchCommand::TpDeviation(args) => bench_tp_deviation::tp_deviation(args),
+            BenchCommand::Quants(args) => bench_quants::bench_quants(args),
             BenchCommand::KvTransfer(args) => bench::bench_kv_transfer(args),
             BenchCommand::Route(args) => bench_route::bench_route(args),
             BenchCommand::Index(args) => bench_index::bench_index(args),

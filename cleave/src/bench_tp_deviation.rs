@@ -1,14 +1,15 @@
-//! How far a tensor-parallel group's numbers are from one process's, on prompts of 300-700
-//! tokens (a measurement, ignored by default; it prints a table):
+//! `cleave bench tp-deviation`: how far a tensor-parallel group's numbers are from one
+//! process's, on prompts of 300-700 tokens cut from a text file (it prints a table):
 //!
 //! ```sh
-//! cargo test -p cleave-engine --test integration tp_deviation -- --ignored --nocapture
+//! cleave bench tp-deviation --file engine/tests/data/apache2_excerpt.txt
 //! ```
 //!
-//! Teacher-forced over each prompt: next-token argmax agreement of TP=3 with TP=1, and the
+//! Teacher-forced over each prompt: next-token argmax agreement of TP=3 (by default) with TP=1, and the
 //! distribution of |Δ logprob| of the actual next token, by position (short context < 128,
 //! 128-299, 300+), plus the positions where TP=1 had a clear top choice (margin > 0.1 nat)
-//! that TP=3 did not pick. It also checks, for both sizes, that prefilling the prompt in
+//! that TP=3 did not pick (`--tp` sets the group's size). It also checks, for both sizes, that
+//! prefilling the prompt in
 //! chunks of 256 gives the same logits bit for bit as one chunk (batch invariance), so the
 //! difference it measures is the group layout's alone. TP=2 cannot run the default model
 //! (3 KV heads).
@@ -16,15 +17,18 @@
 //! The ranks are threads over `LocalGroup`, whose all-reduce adds in the same rank order as
 //! the network groups (`cleave-collective`), so the numbers are those of a group of processes.
 
-use crate::common;
-
+use std::path::PathBuf;
 use std::sync::Arc;
+
+use anyhow::{ensure, Context};
+use clap::Args;
 
 use cleave_engine::kernels::Threads;
 use cleave_engine::kv::memory::{KvCache, KvDtype};
 use cleave_engine::kv::BlockId;
 use cleave_engine::model::{Logits, Model, SeqChunk, Workspace};
-use cleave_text::gguf::{default_model_path, GgufFile};
+use cleave_text::gguf::GgufFile;
+use cleave_text::ModelText;
 use cleave_types::collective::{Collective, LocalGroup, SingleRank};
 
 const LENGTHS: [usize; 5] = [300, 400, 500, 600, 700];
@@ -115,16 +119,32 @@ fn quantile(v: &mut [f32], q: f64) -> f32 {
     v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
-#[test]
-#[ignore = "a measurement: run with --ignored --nocapture"]
-fn tensor_parallel_deviation_on_long_prompts() {
-    let l = common::loaded();
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/data/apache2_excerpt.txt"
-    ))
-    .unwrap();
-    let ids = l.tokenizer.encode(&text, false);
+/// Flags of `cleave bench tp-deviation`.
+#[derive(Debug, Args)]
+pub struct TpDeviationArgs {
+    /// A GGUF file; default: the cached default model (fetched on first use).
+    #[arg(long, env = "CLEAVE_MODEL")]
+    pub model: Option<PathBuf>,
+    /// The text the prompts are cut from (windows starting at different places, wrapping).
+    #[arg(long)]
+    pub file: PathBuf,
+    /// The tensor-parallel size compared with one process (it must divide the model's KV
+    /// heads).
+    #[arg(long, default_value_t = 3)]
+    pub tp: usize,
+}
+
+pub fn tp_deviation(args: TpDeviationArgs) -> anyhow::Result<()> {
+    let path = match args.model {
+        Some(p) => p,
+        None => crate::fetch::fetch_default_model(false)?,
+    };
+    let text = std::fs::read_to_string(&args.file)
+        .with_context(|| format!("reading {}", args.file.display()))?;
+    let tokenizer = ModelText::open(&path)?.tokenizer;
+    let ids = tokenizer.encode(&text, false);
+    ensure!(!ids.is_empty(), "{} has no tokens", args.file.display());
+    let tp = args.tp;
     let n = ids.len();
     // Windows starting at different places of the text (wrapping around).
     let prompts: Vec<Vec<u32>> = LENGTHS
@@ -137,36 +157,41 @@ fn tensor_parallel_deviation_on_long_prompts() {
         })
         .collect();
 
-    let g = Arc::new(GgufFile::open(&default_model_path()).unwrap());
-    let one = Model::load(&g, Arc::new(SingleRank), Threads::single()).unwrap();
+    let g = Arc::new(GgufFile::open(&path)?);
+    let one = Model::load(&g, Arc::new(SingleRank), Threads::single())?;
     let tp1 = run(&one, &prompts, &[]);
     drop(one);
     let given: Vec<Vec<u32>> = tp1.iter().map(|(p, _)| p.argmax.clone()).collect();
     let tp3: Vec<(Pass, Vec<u64>)> = std::thread::scope(|s| {
-        let handles: Vec<_> = LocalGroup::new(3)
+        let handles: Vec<_> = LocalGroup::new(tp)
             .into_iter()
             .map(|c| {
                 let (g, prompts, given) = (g.clone(), &prompts, &given);
                 s.spawn(move || {
                     let c: Arc<dyn Collective> = Arc::new(c);
-                    let m = Model::load(&g, c, Threads::single()).unwrap();
-                    run(&m, prompts, given)
+                    let m = Model::load(&g, c, Threads::single())?;
+                    anyhow::Ok(run(&m, prompts, given))
                 })
             })
             .collect();
-        let mut all: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
-        all.swap_remove(0)
-    });
+        let mut all = Vec::new();
+        for h in handles {
+            all.push(h.join().expect("a rank thread panicked")?);
+        }
+        anyhow::Ok(all.swap_remove(0))
+    })?;
 
-    for (name, runs) in [("TP=1", &tp1), ("TP=3", &tp3)] {
+    for (name, runs) in [("TP=1".to_string(), &tp1), (format!("TP={tp}"), &tp3)] {
         for (i, (p, chunked)) in runs.iter().enumerate() {
-            assert_eq!(
-                &p.hashes, chunked,
+            ensure!(
+                &p.hashes == chunked,
                 "{name}: prompt {i}: chunks of 256 changed the logits"
             );
         }
     }
-    println!("chunks of 256 vs one chunk: bit-identical logits at TP=1 and TP=3 on every prompt");
+    println!(
+        "chunks of 256 vs one chunk: bit-identical logits at TP=1 and TP={tp} on every prompt"
+    );
 
     let buckets: [(&str, std::ops::Range<usize>); 4] = [
         ("positions 0-127", 0..128),
@@ -175,8 +200,9 @@ fn tensor_parallel_deviation_on_long_prompts() {
         ("all positions", 0..700),
     ];
     println!(
-        "TP=3 vs TP=1, teacher-forced, {} prompts of {LENGTHS:?} tokens (default model)",
-        prompts.len()
+        "TP={tp} vs TP=1, teacher-forced, {} prompts of {LENGTHS:?} tokens ({})",
+        prompts.len(),
+        path.display()
     );
     println!("| positions | n | argmax agree | mean abs dlogprob(next) | p50 | p90 | p99 | max | clear TP=1 choices changed |");
     println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
@@ -204,7 +230,7 @@ fn tensor_parallel_deviation_on_long_prompts() {
             quantile(&mut d, 1.0),
         );
     }
-    // How far TP=3 moves TP=1's own choice (its logprob under each).
+    // How far the group moves TP=1's own choice (its logprob under each).
     let mut dg: Vec<f32> = tp1
         .iter()
         .zip(&tp3)
@@ -223,4 +249,5 @@ fn tensor_parallel_deviation_on_long_prompts() {
         quantile(&mut dg, 0.99),
         quantile(&mut dg, 1.0)
     );
+    Ok(())
 }
