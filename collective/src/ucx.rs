@@ -94,20 +94,10 @@ impl Ucx {
             eps: Vec::new(),
             closed: false.into(),
         };
-        // SAFETY: live worker; out-pointer (on error `ucx` drops and cleans up).
-        check("ucp_worker_get_efd", unsafe {
-            sys::ucp_worker_get_efd(worker, &mut ucx.efd)
-        })?;
-        let mut addr: *mut sys::ucp_address_t = null_mut();
-        let mut len = 0usize;
-        // SAFETY: live worker; out-pointers.
-        check("ucp_worker_get_address", unsafe {
-            sys::ucp_worker_get_address(worker, &mut addr, &mut len)
-        })?;
-        // SAFETY: UCX returned `len` readable bytes at `addr`, released right after.
-        let packed = unsafe { std::slice::from_raw_parts(addr as *const u8, len).to_vec() };
-        // SAFETY: `addr` came from this worker.
-        unsafe { sys::ucp_worker_release_address(worker, addr) };
+        // On error `ucx` drops and cleans up.
+        let (efd, packed) =
+            sys::setup::efd_and_address(worker).map_err(|e| call_error(e.call, e.status))?;
+        ucx.efd = efd;
         Ok((ucx, packed))
     }
 

@@ -129,4 +129,25 @@ pub mod setup {
         }
         Ok((context, worker))
     }
+
+    /// The worker's event file descriptor (to `poll` on with `ucp_worker_arm`) and its packed
+    /// address (what peers create endpoints from).
+    pub fn efd_and_address(worker: ucp_worker_h) -> Result<(i32, Vec<u8>), CallError> {
+        let mut efd = -1;
+        // SAFETY: the caller's worker is live; out-pointer to a local.
+        check("ucp_worker_get_efd", unsafe {
+            ucp_worker_get_efd(worker, &mut efd)
+        })?;
+        let mut addr: *mut ucp_address_t = null_mut();
+        let mut len = 0usize;
+        // SAFETY: live worker; out-pointers to locals.
+        check("ucp_worker_get_address", unsafe {
+            ucp_worker_get_address(worker, &mut addr, &mut len)
+        })?;
+        // SAFETY: UCX returned `len` readable bytes at `addr`, released right after.
+        let packed = unsafe { std::slice::from_raw_parts(addr as *const u8, len).to_vec() };
+        // SAFETY: `addr` came from ucp_worker_get_address on this worker.
+        unsafe { ucp_worker_release_address(worker, addr) };
+        Ok((efd, packed))
+    }
 }

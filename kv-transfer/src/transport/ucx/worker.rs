@@ -207,20 +207,10 @@ impl State {
             in_flight: Vec::new(),
             expired_at: Instant::now(),
         };
-        // SAFETY: worker is live; out-pointer to a field. (On error `state` drops and cleans up.)
-        check("ucp_worker_get_efd", unsafe {
-            sys::ucp_worker_get_efd(worker, &mut state.efd)
-        })?;
-        let mut addr: *mut sys::ucp_address_t = null_mut();
-        let mut addr_len = 0usize;
-        // SAFETY: worker is live; out-pointers to locals.
-        check("ucp_worker_get_address", unsafe {
-            sys::ucp_worker_get_address(worker, &mut addr, &mut addr_len)
-        })?;
-        // SAFETY: UCX returned `addr_len` readable bytes at `addr`, released right after.
-        let address = unsafe { std::slice::from_raw_parts(addr as *const u8, addr_len).to_vec() };
-        // SAFETY: `addr` came from ucp_worker_get_address on this worker.
-        unsafe { sys::ucp_worker_release_address(worker, addr) };
+        // On error `state` drops and cleans up.
+        let (efd, address) =
+            sys::setup::efd_and_address(worker).map_err(|e| status_error(e.call, e.status))?;
+        state.efd = efd;
         Ok((state, address))
     }
 
