@@ -1,5 +1,6 @@
-//! Collectives for a group of processes: the multi-rank implementation of the engine's
-//! [`Collective`](cleave_types::collective::Collective) trait.
+//! Collectives for a group of processes: the multi-rank implementation of the
+//! [`Collective`](cleave_types::collective::Collective) trait that the engine's
+//! tensor- and expert-parallel forward pass combines ranks through.
 //!
 //! [`NetGroup::connect`] forms the group (rank 0 listens at the leader address; the others
 //! rendezvous there and then connect to each other, one TCP connection per pair of ranks). Every
