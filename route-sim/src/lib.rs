@@ -41,8 +41,8 @@ use std::time::{Duration, Instant};
 use cleave_kv_index::{KvEvent, KvEventRecord, Matches, PrefixIndex, WorkerId};
 
 use cleave_place::{
-    BuildPolicy, Charge, InFlight, Load, PlaceConfig, PlaceError, Placement, PlacementRequest,
-    PolicyKind, Role, Ticket, WorkerView,
+    BuildPolicy, Charge, InFlight, Load, PlaceConfig, PlaceError, Placement, PlacementArgs,
+    PlacementRequest, PolicyKind, Role, Ticket, WorkerView,
 };
 pub use cleave_types::trace::{load_trace, parse_trace, TraceError, TraceRequest};
 pub use engine::TimeModel;
@@ -116,10 +116,8 @@ impl Default for SimConfig {
             block_tokens: 512,
             time: TimeModel::default(),
             offered_load: Some(DEFAULT_OFFERED_LOAD),
+            // The router's weights (PlaceConfig::default); the simulator never disaggregates.
             place: PlaceConfig {
-                prefill_weight: DEFAULT_SIM_PREFILL_WEIGHT,
-                queued_prefill_weight: DEFAULT_SIM_QUEUED_PREFILL_WEIGHT,
-                free_prefill_weight: DEFAULT_SIM_FREE_PREFILL_WEIGHT,
                 disagg_min_uncached_blocks: usize::MAX,
                 ..PlaceConfig::default()
             },
@@ -153,14 +151,14 @@ pub const DEFAULT_OFFERED_LOAD: f64 = 0.5;
 /// Since workers evict a finished sequence's tail before its prefix ([`cache`]), a worker's
 /// cache keeps its shared prefixes and affinity needs less protection: 24 (with 3 and the free
 /// weight 16) met the goal in 13, 13 and 14 cells, 48 in 10, 12 and 12 (docs/routing.md).
-pub const DEFAULT_SIM_PREFILL_WEIGHT: f64 = 24.0;
+pub const DEFAULT_SIM_PREFILL_WEIGHT: f64 = PlacementArgs::DEFAULT.prefill_weight;
 /// The queued-prefill weight the simulator uses by default (the router's default).
-pub const DEFAULT_SIM_QUEUED_PREFILL_WEIGHT: f64 = 3.0;
+pub const DEFAULT_SIM_QUEUED_PREFILL_WEIGHT: f64 = PlacementArgs::DEFAULT.queued_prefill_weight;
 /// The weight of uncached blocks that fit in a worker's free KV space (the router's default,
 /// [`PlaceConfig::free_prefill_weight`]): over the sweep at seeds 0x5eed, 7 and 99,
 /// `prefix-optimistic` met the goal in 12, 12 and 13 cells, against 11, 10 and 10 without it
 /// (docs/routing.md).
-pub const DEFAULT_SIM_FREE_PREFILL_WEIGHT: f64 = 16.0;
+pub const DEFAULT_SIM_FREE_PREFILL_WEIGHT: f64 = PlacementArgs::DEFAULT.free_prefill_weight;
 
 /// Facts about a trace that the report states.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
