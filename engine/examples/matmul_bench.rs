@@ -1,6 +1,11 @@
 //! Matmul throughput bench (no criterion): `cargo run --release -p cleave-engine --example
 //! matmul_bench [threads] [scale]`.
 //!
+//! With `decode`, batch-1 products over the Llama-3.1-8B shape's matrices (Q4_K 14336×4096
+//! gate/up, Q6_K 4096×14336 down, Q4_K 4096×4096 attention, Q6_K 16384×4096 as an eighth of the head), each
+//! cycled through copies totalling ~1.5 GiB so every call streams its weights from DRAM: GB/s
+//! of weights read, the figure batch-1 decode is bound by.
+//!
 //! With `scale`, only the K-quant matrices of the Llama-3.2-1B shape (hidden 2048, FFN 8192) at
 //! prefill-sized batches: Q4_K 8192×2048 (gate/up), Q4_K and Q6_K 2048×8192 (down), GFLOP/s at
 //! 1, 16, 64 and 256 tokens.
@@ -122,6 +127,32 @@ fn scale_shapes(th: &Threads, rng: &mut TestRng) {
     }
 }
 
+/// Batch-1 GB/s over the 8B shape's matrices, streamed from DRAM.
+fn decode_shapes(th: &Threads, rng: &mut TestRng) {
+    for (ty, rows, cols) in [
+        (WeightType::Q4_K, 14336, 4096),
+        (WeightType::Q6_K, 4096, 14336),
+        (WeightType::Q4_K, 4096, 4096),
+        (WeightType::Q6_K, 16384, 4096),
+    ] {
+        let m = random_matrix(ty, rows, cols, rng);
+        let bytes = rows * ty.row_bytes(cols);
+        let copies = ((1536usize << 20) / bytes).max(2);
+        let mats: Vec<QMatrix> = (0..copies).map(|_| m.clone()).collect();
+        let xs: Vec<f32> = (0..cols).map(|_| f(rng)).collect();
+        let mut x = Activations::new();
+        x.set(&xs, 1, cols);
+        let mut out = vec![0f32; rows];
+        let t = time_per_call(&mats, &x, &mut out, th);
+        println!(
+            "{:<34}  {:6.2} GB/s of weights  ({:.2} ms per call, {copies} copies)",
+            format!("{ty:?} {rows}x{cols} batch 1"),
+            bytes as f64 / t / 1e9,
+            t * 1e3
+        );
+    }
+}
+
 /// SmolLM2-135M linear layers: (rows, cols) of q, k, v, o, gate, up, down.
 const LAYER: [(usize, usize); 7] = [
     (576, 576),
@@ -171,6 +202,10 @@ fn main() {
     let th = Threads::new(threads);
     let mut rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
     println!("simd path: {}, threads: {}", simd_path(), th.count());
+    if std::env::args().nth(2).as_deref() == Some("decode") {
+        decode_shapes(&th, &mut rng);
+        return;
+    }
     if std::env::args().nth(2).as_deref() == Some("scale") {
         scale_shapes(&th, &mut rng);
         return;

@@ -39,7 +39,9 @@
 //! Q5_0, Q5_1, Q8_0, IQ4_NL) put 16 rows in the lanes of a register (`x86/zmm/lanes.rs`: each
 //! group of 16 rows repacked once per matmul, then one instruction per float step for all 16
 //! rows), for every batch size, and so do Q4_K and Q5_K (their sub-blocks are Q4_1 / Q5_1
-//! blocks, see `kquant.rs`) and Q6_K. Elsewhere (Q2_K, Q3_K, leftover rows, AVX2) an R-rows ×
+//! blocks, see `kquant.rs`) and Q6_K, except that one token of Q4_K or Q6_K (batch-1 decode,
+//! where nothing amortises the transposition) goes row by row with each super-block's quants
+//! in the byte lanes (`x86/zmm/one.rs`), fast enough to be bound by DRAM bandwidth. Elsewhere (Q2_K, Q3_K, leftover rows, AVX2) an R-rows ×
 //! T-tokens register micro-kernel: 4 × 1 for single tokens (decode) and, for token tiles, 2 × 16, 4 × 8
 //! and 4 × 4 with 512-bit token-pair accumulators on VNNI (`x86/zmm.rs`, activations
 //! interleaved in pairs once per batch by [`Activations`]) or 2 × 4 on AVX2; leftover tokens
@@ -674,6 +676,12 @@ impl QMatrix {
 
     /// Computes `rows` for all tokens, a chunk of rows (kept in L1/L2) at a time.
     fn compute_rows(&self, isa: Isa, x: &Activations, out: OutPtr, rows: Range<usize>) {
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Vnni && x86::zmm::one::fits(self.ty, x.n_tokens) {
+            // SAFETY: as below.
+            unsafe { x86::zmm::one::rows(self, x, out, rows) };
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
         let rows = if isa == Isa::Vnni && x86::zmm::lanes::fits(self.ty) {
             // Whole groups of 16 rows in lanes, the rest by the tiles below.

@@ -168,6 +168,18 @@ fn extreme_blocks_agree_across_backends() {
                     "{ty:?} fill {fill:#x}: {} differs from scalar",
                     isa.name()
                 );
+                // One token at a time: the batch-1 kernels.
+                for t in 0..6 {
+                    let one = acts(&x[t * cols..(t + 1) * cols], 1, cols);
+                    let got = run(&m, isa, &one, &single);
+                    assert!(
+                        got.iter()
+                            .zip(&base[t * 4..(t + 1) * 4])
+                            .all(|(g, b)| g.to_bits() == b.to_bits()),
+                        "{ty:?} fill {fill:#x} token {t} alone: {} differs from scalar",
+                        isa.name()
+                    );
+                }
             }
         }
     }

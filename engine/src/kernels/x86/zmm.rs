@@ -22,6 +22,7 @@ use std::ops::Range;
 use super::super::{Activations, Cells, OutPtr, QMatrix, WeightType};
 mod kquant;
 pub(in crate::kernels) mod lanes;
+pub(in crate::kernels) mod one;
 mod reduce;
 
 use super::{expand_qh, finish, offset_weights, packed_rows, row_tiles, unpack_q4, Prefetch, QK};
