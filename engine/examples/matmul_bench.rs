@@ -1,7 +1,7 @@
 //! Matmul throughput bench (no criterion): `cargo run --release -p cleave-engine --example
 //! matmul_bench [threads] [scale]`.
 //!
-//! With `decode`, batch-1 products over the Llama-3.1-8B shape's matrices (Q4_K 14336×4096
+//! With `decode`, batch-1 (and 2, 4, 8) products over the Llama-3.1-8B shape's matrices (Q4_K 14336×4096
 //! gate/up, Q6_K 4096×14336 down, Q4_K 4096×4096 attention, Q6_K 16384×4096 as an eighth of the head), each
 //! cycled through copies totalling ~1.5 GiB so every call streams its weights from DRAM: GB/s
 //! of weights read, the figure batch-1 decode is bound by.
@@ -139,17 +139,19 @@ fn decode_shapes(th: &Threads, rng: &mut TestRng) {
         let bytes = rows * ty.row_bytes(cols);
         let copies = ((1536usize << 20) / bytes).max(2);
         let mats: Vec<QMatrix> = (0..copies).map(|_| m.clone()).collect();
-        let xs: Vec<f32> = (0..cols).map(|_| f(rng)).collect();
-        let mut x = Activations::new();
-        x.set(&xs, 1, cols);
-        let mut out = vec![0f32; rows];
-        let t = time_per_call(&mats, &x, &mut out, th);
-        println!(
-            "{:<34}  {:6.2} GB/s of weights  ({:.2} ms per call, {copies} copies)",
-            format!("{ty:?} {rows}x{cols} batch 1"),
-            bytes as f64 / t / 1e9,
-            t * 1e3
-        );
+        for n in [1, 2, 4, 8] {
+            let xs: Vec<f32> = (0..n * cols).map(|_| f(rng)).collect();
+            let mut x = Activations::new();
+            x.set(&xs, n, cols);
+            let mut out = vec![0f32; n * rows];
+            let t = time_per_call(&mats, &x, &mut out, th);
+            println!(
+                "{:<34}  {:6.2} GB/s of weights  ({:.2} ms per call, {copies} copies)",
+                format!("{ty:?} {rows}x{cols} batch {n}"),
+                bytes as f64 / t / 1e9,
+                t * 1e3
+            );
+        }
     }
 }
 
