@@ -104,6 +104,7 @@ fn prompt(loaded: &Loaded, tag: usize, len: usize) -> Vec<u32> {
 /// An engine with a pool of `blocks` KV blocks of `kv_dtype`.
 fn engine(loaded: &Loaded, kv_dtype: cleave_types::choices::KvDtype, blocks: usize) -> Engine {
     let config = EngineConfig {
+        tiers: Default::default(),
         num_blocks: blocks,
         kv_dtype,
         scheduler: SchedulerConfig {

@@ -157,6 +157,7 @@ pub fn bench_structured(args: StructuredArgs) -> anyhow::Result<()> {
         loaded.model.clone(),
         loaded.tokenizer.clone(),
         EngineConfig {
+            tiers: Default::default(),
             scheduler: SchedulerConfig {
                 max_running: max.max(16),
                 ..Default::default()

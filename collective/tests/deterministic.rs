@@ -58,6 +58,7 @@ struct Group {
 impl Group {
     fn start(s: Setup) -> Group {
         let config = EngineConfig {
+            tiers: Default::default(),
             num_blocks: s.num_blocks,
             kv_dtype: KvDtype::F32,
             max_model_len: None,

@@ -45,6 +45,23 @@ pub struct WorkerConfig {
     /// blocks). Prefill and decode workers must agree.
     #[arg(long, env = "CLEAVE_KV_DTYPE", value_enum, default_value = "f16")]
     pub kv_dtype: KvDtype,
+    /// Host-memory KV tier below the pool (`8GiB`; `0`, the default, for none): cached blocks
+    /// the pool evicts are kept here and copied back on a prefix hit instead of recomputed.
+    #[arg(long, env = "CLEAVE_KV_HOST_MEMORY", default_value = "0")]
+    pub kv_host_memory: bytesize::ByteSize,
+    /// Disk KV tier: a directory (a local SSD; a PVC, `hostPath` or `emptyDir` in Kubernetes)
+    /// for blocks leaving the host tier that were used at least `--kv-disk-min-uses` times;
+    /// every entry is checksummed and fingerprinted, and found again after a restart.
+    #[arg(long, env = "CLEAVE_KV_DISK_DIR")]
+    pub kv_disk_dir: Option<PathBuf>,
+    /// Bytes the disk tier may hold (least recently used entries go first).
+    #[arg(long, env = "CLEAVE_KV_DISK_SIZE", default_value = "10GiB")]
+    pub kv_disk_size: bytesize::ByteSize,
+    /// Demotions plus restores a block needs before it is written to disk (1: every block
+    /// leaving the host tier), so that one-off prompts do not wear the disk.
+    #[arg(long, env = "CLEAVE_KV_DISK_MIN_USES", default_value_t = 2,
+          value_parser = clap::builder::RangedU64ValueParser::<u32>::new().range(1..))]
+    pub kv_disk_min_uses: u32,
     /// Compute threads.
     #[arg(long, env = "CLEAVE_THREADS", default_value_t = 1)]
     pub threads: usize,

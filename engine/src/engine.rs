@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::kv::memory::{KvCache, KvDtype};
+use crate::kv::tiers::{TierConfig, TierStats};
 use crate::kv::{BlockId, KvEventRecord, PoolStats};
 use crate::model::Model;
 use crate::schedule::{SchedulerConfig, SchedulerCounters, SeqId};
@@ -37,6 +38,8 @@ pub struct EngineConfig {
     pub max_model_len: Option<usize>,
     /// Batching limits.
     pub scheduler: SchedulerConfig,
+    /// KV tiers below the pool (host memory, disk); off by default.
+    pub tiers: TierConfig,
 }
 
 impl Default for EngineConfig {
@@ -46,6 +49,7 @@ impl Default for EngineConfig {
             kv_dtype: KvDtype::F16,
             max_model_len: None,
             scheduler: SchedulerConfig::default(),
+            tiers: TierConfig::default(),
         }
     }
 }
@@ -249,6 +253,8 @@ pub struct EngineStats {
     pub generated_tokens: u64,
     /// Requests finished (any reason).
     pub finished: u64,
+    /// KV tier counters (zero without tiers).
+    pub tiers: TierStats,
 }
 
 pub(crate) enum Command {

@@ -20,6 +20,7 @@
 pub mod events;
 pub mod memory;
 pub mod pool;
+pub mod tiers;
 
 #[cfg(test)]
 mod pool_tests;

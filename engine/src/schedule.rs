@@ -9,6 +9,7 @@
 
 use std::collections::VecDeque;
 
+use crate::kv::tiers::Tiers;
 use crate::kv::{next_block_hash, BlockHash, BlockId, BlockPool};
 use cleave_text::sample::{Sampler, SamplingParams};
 
@@ -200,6 +201,8 @@ pub struct Scheduler {
     pub newly_parked: Vec<SeqId>,
     /// Counters.
     pub counters: SchedulerCounters,
+    /// The KV tiers below the pool, if any.
+    pub tiers: Option<Tiers>,
 }
 
 impl Scheduler {
@@ -213,7 +216,18 @@ impl Scheduler {
             parked: Vec::new(),
             newly_parked: Vec::new(),
             counters: SchedulerCounters::default(),
+            tiers: None,
         }
+    }
+
+    /// Keeps evicted blocks in `tiers` and restores prefixes from them; what they already hold
+    /// (a disk tier found again) is announced.
+    pub fn set_tiers(&mut self, tiers: Tiers) {
+        self.pool.keep_evicted();
+        for (hash, parent) in tiers.held() {
+            self.pool.announce(hash, parent);
+        }
+        self.tiers = Some(tiers);
     }
 
     /// Blocks needed to hold `tokens` tokens.
@@ -462,7 +476,8 @@ impl Scheduler {
             hashes.push(h);
             parent = Some(h);
         }
-        let matched = self.pool.match_prefix(&hashes);
+        let mut matched = self.pool.match_prefix(&hashes);
+        self.restore_from_tiers(&hashes, &mut matched);
         self.counters.prefix_query_tokens += s.tokens.len() as u64;
         s.computed = matched.len() * bs;
         s.hashes = hashes[..matched.len()].to_vec();
@@ -470,6 +485,32 @@ impl Scheduler {
         if !s.admitted_once {
             s.cached_tokens = s.computed.min(s.prompt_len);
             s.admitted_once = true;
+        }
+    }
+
+    /// Extends `matched` (the pool's run of `hashes`) with blocks the tiers hold: each gets a
+    /// pool block now and its bytes before the next forward pass (`BlockPool::drain_moves`).
+    fn restore_from_tiers(&mut self, hashes: &[BlockHash], matched: &mut Vec<BlockId>) {
+        let Some(tiers) = self.tiers.as_mut() else {
+            return;
+        };
+        while let Some(&hash) = hashes.get(matched.len()) {
+            if !tiers.contains(hash) {
+                break;
+            }
+            let Some(block) = self.pool.allocate() else {
+                break;
+            };
+            let parent = matched.len().checked_sub(1).map(|i| hashes[i]);
+            let restored = match tiers.take(hash) {
+                Some(data) => self.pool.restore(block, hash, parent, data),
+                None => false,
+            };
+            if !restored {
+                self.pool.release(block);
+                break;
+            }
+            matched.push(block);
         }
     }
 

@@ -237,6 +237,7 @@ fn teacher_forced_and_decoded_logits_agree_bit_for_bit_on_windowed_models() {
 
 fn engine(l: &Loaded, step_tokens: usize, prefix_caching: bool) -> Engine {
     let config = EngineConfig {
+        tiers: Default::default(),
         num_blocks: 96,
         scheduler: SchedulerConfig {
             step_tokens,

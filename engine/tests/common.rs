@@ -40,6 +40,7 @@ pub fn model_and_tokenizer() -> (
 pub fn engine(num_blocks: usize, step_tokens: usize, prefix_caching: bool) -> Engine {
     let (m, t) = model_and_tokenizer();
     let config = EngineConfig {
+        tiers: Default::default(),
         num_blocks,
         kv_dtype: KvDtype::F32,
         max_model_len: None,

@@ -19,6 +19,7 @@ fn engine(step_tokens: usize) -> Engine {
 fn engine_kv(step_tokens: usize, kv_dtype: KvDtype) -> Engine {
     let (m, t) = common::model_and_tokenizer();
     let config = EngineConfig {
+        tiers: Default::default(),
         num_blocks: 128,
         kv_dtype,
         scheduler: SchedulerConfig {
@@ -255,6 +256,7 @@ async fn imports_beyond_the_pool_wait_for_parked_blocks() {
         m,
         t,
         EngineConfig {
+            tiers: Default::default(),
             num_blocks: 2 * need + need / 2,
             ..Default::default()
         },

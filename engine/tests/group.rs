@@ -122,6 +122,7 @@ fn start_group(
         model,
         tokenizer,
         EngineConfig {
+            tiers: Default::default(),
             num_blocks: 64,
             ..Default::default()
         },

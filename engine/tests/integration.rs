@@ -20,5 +20,6 @@ mod moe;
 mod reference;
 mod resume;
 mod tensor_parallel;
+mod tiers;
 mod tiny;
 mod tp_dense;

@@ -15,6 +15,7 @@ fn engine() -> Engine {
         m,
         t,
         EngineConfig {
+            tiers: Default::default(),
             num_blocks: 128,
             ..Default::default()
         },

@@ -70,6 +70,9 @@ pub enum WorkerError {
     /// The KV region could not be allocated.
     #[error("allocating the KV region: {0}")]
     Region(#[source] cleave_kv_transfer::Error),
+    /// The KV tiers cannot be set up as the flags ask.
+    #[error("KV tiers: {0}")]
+    Tiers(String),
     /// The KV cache does not fit its region.
     #[error("the KV cache: {0}")]
     Cache(#[from] cleave_engine::kv::memory::KvMemoryError),

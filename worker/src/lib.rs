@@ -30,6 +30,7 @@ pub mod metrics;
 pub mod rank_kv;
 pub mod register;
 pub mod serve;
+pub mod tiers;
 pub mod watch;
 
 pub use config::{Role, WorkerConfig};

@@ -246,6 +246,7 @@ pub async fn run(
             prefill_tokens_while_decoding: config.prefill_tokens_while_decoding,
             ..Default::default()
         },
+        tiers: crate::tiers::tier_config(&config, group_size)?,
     };
     let link = group.map(|g| GroupLink {
         collective: g,

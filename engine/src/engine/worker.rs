@@ -6,6 +6,7 @@ use std::sync::{mpsc, Arc};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::kv::memory::KvCache;
+use crate::kv::tiers::Tiers;
 use crate::kv::BlockId;
 use crate::model::{Logits, Model, SeqChunk, Workspace};
 use crate::schedule::{Planned, PrefillMode, Scheduler, SeqId, Sequence};
@@ -103,7 +104,15 @@ impl Worker {
     ) -> Self {
         let ctx = config.max_model_len.unwrap_or(model.config.context_length);
         let limit = ctx.min(cache.num_blocks() * config.scheduler.block_size);
-        let sched = Scheduler::new(config.scheduler, cache.num_blocks());
+        let mut sched = Scheduler::new(config.scheduler.clone(), cache.num_blocks());
+        if config.tiers.enabled() {
+            let group = group.as_ref().filter(|g| g.collective.world() > 1);
+            match (group, Tiers::open(&config.tiers, cache.layout(), 0, 1)) {
+                (Some(_), _) => tracing::error!("KV tiers are not supported in worker groups yet"),
+                (None, Ok(t)) => sched.set_tiers(t),
+                (None, Err(e)) => tracing::error!("KV tiers are off: {e}"),
+            }
+        }
         let eog = tokenizer.eog_ids();
         let mut w = Worker {
             model,
@@ -286,6 +295,7 @@ impl Worker {
 
     fn step(&mut self) -> Result<(), CollectiveError> {
         let plan = self.sched.schedule();
+        blocks::run_moves(&mut self.sched, &mut self.cache);
         for id in std::mem::take(&mut self.sched.newly_parked) {
             let Some(s) = self.sched.parked.iter().find(|s| s.id == id) else {
                 continue;
@@ -544,6 +554,12 @@ impl Worker {
         self.stats.parked = self.sched.parked.len();
         self.stats.held = self.held.len();
         self.stats.counters = self.sched.counters;
+        self.stats.tiers = self
+            .sched
+            .tiers
+            .as_ref()
+            .map(Tiers::stats)
+            .unwrap_or_default();
         *self.shared.stats.lock().expect("stats lock") = self.stats;
         let events = self.sched.pool.drain_events();
         if !events.is_empty() {

@@ -24,6 +24,7 @@
 use std::collections::HashMap;
 
 use super::events::{EventLog, DEFAULT_EVENT_CAPACITY};
+use super::tiers::Move;
 use super::{BlockHash, BlockId, KvEvent, KvEventRecord};
 
 /// "No block" in the LRU links.
@@ -45,6 +46,8 @@ pub struct PoolStats {
 struct Slot {
     refcount: u32,
     hash: Option<BlockHash>,
+    /// The hash of the block before this one in its sequence (cached blocks).
+    parent: Option<BlockHash>,
     /// LRU neighbours (towards the least / most recently released end); `NIL` when not idle.
     prev: u32,
     next: u32,
@@ -66,6 +69,9 @@ pub struct BlockPool {
     events: EventLog,
     hits: u64,
     queried: u64,
+    /// With KV tiers below the pool: the block copies to run before the next forward pass
+    /// (evicted blocks are copied out instead of announced as removed), in order.
+    moves: Option<Vec<Move>>,
 }
 
 impl BlockPool {
@@ -88,6 +94,7 @@ impl BlockPool {
         let slot = Slot {
             refcount: 0,
             hash: None,
+            parent: None,
             prev: NIL,
             next: NIL,
         };
@@ -102,7 +109,77 @@ impl BlockPool {
             events: EventLog::new(event_capacity),
             hits: 0,
             queried: 0,
+            moves: None,
         }
+    }
+
+    /// Keeps evicted blocks for the KV tiers below the pool: from now on an eviction records a
+    /// [`Move::Out`] (drained by [`BlockPool::drain_moves`]) instead of a [`KvEvent::Removed`];
+    /// the tiers announce the hashes they drop ([`BlockPool::forget`]).
+    pub fn keep_evicted(&mut self) {
+        self.moves.get_or_insert_with(Vec::new);
+    }
+
+    /// The block copies recorded since the last drain, in the order they must run.
+    pub fn drain_moves(&mut self) -> Vec<Move> {
+        self.moves.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Records that `block` (held by the caller) must receive a tier's copy of `hash` before
+    /// the next forward pass, and caches it under `hash` without an event: the hash never left
+    /// this worker, so the router still knows it.
+    pub fn restore(
+        &mut self,
+        block: BlockId,
+        hash: BlockHash,
+        parent: Option<BlockHash>,
+        data: std::sync::Arc<[u8]>,
+    ) -> bool {
+        let fresh = self
+            .slots
+            .get(block.0 as usize)
+            .is_some_and(|s| s.refcount > 0 && s.hash.is_none());
+        let Some(moves) = self.moves.as_mut().filter(|_| fresh) else {
+            debug_assert!(
+                false,
+                "BlockPool::restore: no tiers, or {block:?} is not fresh"
+            );
+            return false;
+        };
+        if self.cached.contains_key(&hash) {
+            return false;
+        }
+        moves.push(Move::In { block, data });
+        let slot = &mut self.slots[block.0 as usize];
+        slot.hash = Some(hash);
+        slot.parent = parent;
+        self.cached.insert(hash, block);
+        true
+    }
+
+    /// Whether `hash` is cached in the pool (used or idle).
+    pub fn contains(&self, hash: BlockHash) -> bool {
+        self.cached.contains_key(&hash)
+    }
+
+    /// The tiers dropped these hashes: each one the pool does not hold either is announced as
+    /// removed.
+    pub fn forget(&mut self, hashes: Vec<BlockHash>) {
+        let gone: Vec<BlockHash> = hashes
+            .into_iter()
+            .filter(|h| !self.cached.contains_key(h))
+            .collect();
+        if !gone.is_empty() {
+            self.events.push(KvEvent::Removed { hashes: gone });
+        }
+    }
+
+    /// Announces a hash a tier holds (a disk tier found again at start).
+    pub fn announce(&mut self, hash: BlockHash, parent: Option<BlockHash>) {
+        self.events.push(KvEvent::Stored {
+            parent,
+            blocks: vec![hash],
+        });
     }
 
     /// Number of blocks in the pool.
@@ -141,8 +218,16 @@ impl BlockPool {
                     .hash
                     .take()
                     .expect("BlockPool: idle block in the LRU list without a hash");
+                let parent = slot.parent.take();
                 self.cached.remove(&hash);
-                self.events.push(KvEvent::Removed { hashes: vec![hash] });
+                match self.moves.as_mut() {
+                    Some(moves) => moves.push(Move::Out {
+                        block: BlockId(i),
+                        hash,
+                        parent,
+                    }),
+                    None => self.events.push(KvEvent::Removed { hashes: vec![hash] }),
+                }
                 i
             }
         };
@@ -268,6 +353,7 @@ impl BlockPool {
             return false;
         }
         self.slots[i as usize].hash = Some(hash);
+        self.slots[i as usize].parent = parent;
         self.cached.insert(hash, id);
         self.events.push(KvEvent::Stored {
             parent,
@@ -289,6 +375,7 @@ impl BlockPool {
             slot.prev = NIL;
             slot.next = NIL;
             slot.hash = None;
+            slot.parent = None;
             self.free.push(i);
             i = next;
         }
@@ -297,6 +384,7 @@ impl BlockPool {
         self.lru_len = 0;
         for (_, id) in self.cached.drain() {
             self.slots[id.0 as usize].hash = None;
+            self.slots[id.0 as usize].parent = None;
         }
         self.events.push(KvEvent::Cleared);
     }
