@@ -51,7 +51,8 @@ pub struct WorkerConfig {
     pub kv_host_memory: bytesize::ByteSize,
     /// Disk KV tier: a directory (a local SSD; a PVC, `hostPath` or `emptyDir` in Kubernetes)
     /// for blocks leaving the host tier that were used at least `--kv-disk-min-uses` times;
-    /// every entry is checksummed and fingerprinted, and found again after a restart.
+    /// every entry is checksummed and fingerprinted, and found again after a restart. Workers
+    /// may share the directory: each claims a slot of its own.
     #[arg(long, env = "CLEAVE_KV_DISK_DIR")]
     pub kv_disk_dir: Option<PathBuf>,
     /// Bytes the disk tier may hold (least recently used entries go first).

@@ -17,6 +17,7 @@
 use std::sync::Mutex;
 
 use cleave_engine::engine::EngineStats;
+use cleave_engine::kv::tiers::TierStats;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -43,6 +44,11 @@ pub struct WorkerMetrics {
     last: Mutex<(u64, u64)>,
     expert_tokens: Family<Vec<(String, String)>, Counter>,
     last_experts: Mutex<Vec<Vec<u64>>>,
+    tier_hits: Family<Vec<(String, String)>, Counter>,
+    tier_stored: Family<Vec<(String, String)>, Counter>,
+    tier_refused: Counter,
+    tier_entries: Family<Vec<(String, String)>, Gauge>,
+    last_tiers: Mutex<TierStats>,
 }
 
 impl WorkerMetrics {
@@ -62,6 +68,11 @@ impl WorkerMetrics {
             last: Mutex::new((0, 0)),
             expert_tokens: Family::default(),
             last_experts: Mutex::new(Vec::new()),
+            tier_hits: Family::default(),
+            tier_stored: Family::default(),
+            tier_refused: Counter::default(),
+            tier_entries: Family::default(),
+            last_tiers: Mutex::new(TierStats::default()),
         };
         registry.register(
             "cleave_kv_blocks_used",
@@ -118,7 +129,64 @@ impl WorkerMetrics {
             "Tokens routed to each expert of each MoE layer",
             m.expert_tokens.clone(),
         );
+        registry.register(
+            "cleave_kv_tier_hit_blocks",
+            "KV blocks restored into the pool from a tier instead of computed",
+            m.tier_hits.clone(),
+        );
+        registry.register(
+            "cleave_kv_tier_stored_blocks",
+            "KV blocks stored in a tier (host: evicted from the pool; disk: written)",
+            m.tier_stored.clone(),
+        );
+        registry.register(
+            "cleave_kv_tier_refused_blocks",
+            "Disk tier entries refused as corrupt, truncated or written for another model",
+            m.tier_refused.clone(),
+        );
+        registry.register(
+            "cleave_kv_tier_blocks",
+            "KV blocks held in a tier now",
+            m.tier_entries.clone(),
+        );
         m
+    }
+
+    /// Brings the KV tier metrics up to `t` (cumulative counters from the engine).
+    fn observe_tiers(&self, t: &TierStats) {
+        let tier = |name: &str| vec![("tier".to_string(), name.to_string())];
+        let mut last = self.last_tiers.lock().expect("metrics lock");
+        for (name, hits, last_hits, stored, last_stored, entries) in [
+            (
+                "host",
+                t.host_hits,
+                last.host_hits,
+                t.host_stored,
+                last.host_stored,
+                t.host_entries,
+            ),
+            (
+                "disk",
+                t.disk_hits,
+                last.disk_hits,
+                t.disk_written,
+                last.disk_written,
+                t.disk_entries,
+            ),
+        ] {
+            self.tier_hits
+                .get_or_create(&tier(name))
+                .inc_by(hits.saturating_sub(last_hits));
+            self.tier_stored
+                .get_or_create(&tier(name))
+                .inc_by(stored.saturating_sub(last_stored));
+            self.tier_entries
+                .get_or_create(&tier(name))
+                .set(entries as i64);
+        }
+        self.tier_refused
+            .inc_by(t.disk_refused.saturating_sub(last.disk_refused));
+        *last = *t;
     }
 
     /// Brings the per-expert counters up to `counts` (`Model::expert_counts()`: cumulative
@@ -154,6 +222,8 @@ impl WorkerMetrics {
         self.prefix_query_tokens
             .inc_by(query.saturating_sub(last.1));
         *last = (hit.max(last.0), query.max(last.1));
+        drop(last);
+        self.observe_tiers(&s.tiers);
     }
 }
 
@@ -174,5 +244,29 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("cleave_moe_expert_tokens_total{layer=\"0\",expert=\"1\"} 1"));
+    }
+
+    #[test]
+    fn tier_counters_follow_the_engines_cumulative_stats() {
+        let mut registry = Registry::default();
+        let m = WorkerMetrics::new(&mut registry);
+        let mut s = EngineStats::default();
+        s.tiers.host_hits = 2;
+        s.tiers.disk_written = 1;
+        m.observe_engine(&s);
+        s.tiers.host_hits = 5;
+        s.tiers.disk_refused = 1;
+        s.tiers.host_entries = 7;
+        m.observe_engine(&s);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+        for want in [
+            "cleave_kv_tier_hit_blocks_total{tier=\"host\"} 5",
+            "cleave_kv_tier_stored_blocks_total{tier=\"disk\"} 1",
+            "cleave_kv_tier_refused_blocks_total 1",
+            "cleave_kv_tier_blocks{tier=\"host\"} 7",
+        ] {
+            assert!(out.contains(want), "{want} missing in:\n{out}");
+        }
     }
 }

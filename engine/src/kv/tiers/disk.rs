@@ -25,6 +25,14 @@
 //! never indexed. A file is written under a temporary name and renamed, so a crash mid-write
 //! leaves no entry under a block's name (leftover temporary files are deleted at start).
 //!
+//! # Slots
+//! Several workers may share one directory (the workers of a node on a `hostPath`, the prefill
+//! and decode workers of `cleave up`): each claims a slot, `DIR/slot-N`, by holding an
+//! exclusive lock on `slot-N/lock` for its lifetime, and writes its fingerprint in
+//! `slot-N/fingerprint`. A worker takes the first free slot with its own fingerprint, else the
+//! first free unmarked (or new) one, never a free slot of another fingerprint: so a worker
+//! restarted, or replaced by a rolling update, finds the entries its predecessor left.
+//!
 //! Capacity is bounded in bytes; the least recently used entries (by last write or read, file
 //! modification time at start) are deleted first.
 //!
@@ -163,10 +171,62 @@ struct Entry {
     parent: Option<BlockHash>,
 }
 
+/// Most slots one directory may hold.
+const MAX_SLOTS: usize = 256;
+
+/// Claims a slot of `base` for `fingerprint` (see the module docs): its directory and the
+/// locked file that holds it.
+fn claim_slot(base: &Path, fingerprint: u128) -> Result<(PathBuf, fs::File), DiskError> {
+    let io_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| DiskError::Io { path, source }
+    };
+    fs::create_dir_all(base).map_err(io_err(base))?;
+    let ours = format!("{fingerprint:032x}\n");
+    // First pass: free slots with our fingerprint; second: free unmarked (or new) slots.
+    for pass in 0..2 {
+        for n in 0..MAX_SLOTS {
+            let dir = base.join(format!("slot-{n}"));
+            let mark = fs::read_to_string(dir.join("fingerprint")).ok();
+            let wanted = match pass {
+                0 => mark.as_deref() == Some(ours.as_str()),
+                _ => mark.is_none(),
+            };
+            if !wanted {
+                continue;
+            }
+            fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+            let lock_path = dir.join("lock");
+            let lock = fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&lock_path)
+                .map_err(io_err(&lock_path))?;
+            match lock.try_lock() {
+                Ok(()) => {}
+                Err(fs::TryLockError::WouldBlock) => continue,
+                Err(fs::TryLockError::Error(e)) => return Err(io_err(&lock_path)(e)),
+            }
+            let mark_path = dir.join("fingerprint");
+            fs::write(&mark_path, &ours).map_err(io_err(&mark_path))?;
+            return Ok((dir, lock));
+        }
+    }
+    Err(DiskError::Io {
+        path: base.to_path_buf(),
+        source: io::Error::other(format!(
+            "all {MAX_SLOTS} slots are taken by running workers or another model"
+        )),
+    })
+}
+
 /// The disk tier of one worker (see the module docs).
 #[derive(Debug)]
 pub struct DiskTier {
+    /// The claimed slot and its lock (released when the tier is dropped).
     dir: PathBuf,
+    _lock: fs::File,
     fingerprint: u128,
     block_bytes: usize,
     max_bytes: u64,
@@ -177,18 +237,18 @@ pub struct DiskTier {
 }
 
 impl DiskTier {
-    /// Opens (creating) `config.dir` and indexes its valid entries for this fingerprint.
+    /// Claims a slot of `config.dir` (creating it) and indexes the slot's valid entries for
+    /// this fingerprint.
     pub fn open(
         config: &DiskConfig,
         fingerprint: u128,
         block_bytes: usize,
     ) -> Result<Self, DiskError> {
-        let dir = config.dir.clone();
+        let (dir, lock) = claim_slot(&config.dir, fingerprint)?;
         let io_err = |source| DiskError::Io {
             path: dir.clone(),
             source,
         };
-        fs::create_dir_all(&dir).map_err(io_err)?;
         let (tx, rx) = mpsc::channel();
         let writer_dir = dir.clone();
         let writer = std::thread::Builder::new()
@@ -197,6 +257,7 @@ impl DiskTier {
             .map_err(io_err)?;
         let mut t = DiskTier {
             dir,
+            _lock: lock,
             fingerprint,
             block_bytes,
             max_bytes: config.max_bytes,

@@ -120,8 +120,9 @@ fn written(dir: &TempDir, n: u64) -> Tiers {
     open(&c)
 }
 
+/// Where the first worker on `dir` keeps `hash`.
 fn entry_path(dir: &TempDir, hash: u64) -> PathBuf {
-    dir.0.join(format!("{hash:016x}.kv"))
+    dir.0.join("slot-0").join(format!("{hash:016x}.kv"))
 }
 
 #[test]
@@ -179,21 +180,56 @@ fn truncated_and_damaged_headers_are_refused_at_start() {
 fn entries_of_another_model_or_kv_type_are_never_used() {
     let dir = TempDir::new();
     drop(written(&dir, 2));
+    // Another model on the same directory gets a slot of its own, and finds nothing.
     let other_model = TierConfig {
         model_id: 8,
         ..config(0, Some(&dir), 16, 1)
     };
-    let t = open(&other_model);
+    let mut t = open(&other_model);
     assert_eq!(t.stats().disk_entries, 0);
-    assert_eq!(t.stats().disk_refused, 0, "foreign entries are left alone");
+    let bb = t.block_bytes();
+    t.put(BlockHash(9), None, block(9, bb));
     drop(t);
+    // Its entry copied into the first model's slot is left alone and never indexed.
+    let foreign = entry_path(&dir, 9);
+    std::fs::copy(
+        dir.0.join("slot-1").join(format!("{:016x}.kv", 9)),
+        &foreign,
+    )
+    .unwrap();
     let c = config(0, Some(&dir), 16, 1);
-    let other_dtype = Tiers::open(&c, &layout(KvDtype::F32), 0, 1).unwrap();
-    assert_eq!(other_dtype.stats().disk_entries, 0);
-    let other_rank = Tiers::open(&c, &layout(KvDtype::F16), 1, 2).unwrap();
-    assert_eq!(other_rank.stats().disk_entries, 0);
-    // The owner still finds both.
-    assert_eq!(open(&c).stats().disk_entries, 2);
+    let t = open(&c);
+    assert_eq!(t.stats().disk_entries, 2);
+    assert_eq!(
+        t.stats().disk_refused,
+        0,
+        "foreign entries are not ours to refuse"
+    );
+    assert!(!t.contains(BlockHash(9)));
+    assert!(foreign.exists());
+    drop(t);
+    // Another KV type or rank layout is another fingerprint too.
+    for (l, rank, world) in [(layout(KvDtype::F32), 0, 1), (layout(KvDtype::F16), 1, 2)] {
+        let t = Tiers::open(&c, &l, rank, world).unwrap();
+        assert_eq!(t.stats().disk_entries, 0);
+    }
+}
+
+#[test]
+fn workers_sharing_a_directory_get_their_own_slots_and_find_them_again() {
+    let dir = TempDir::new();
+    let c = config(0, Some(&dir), 16, 1);
+    let mut a = open(&c);
+    let mut b = open(&c);
+    let bb = a.block_bytes();
+    a.put(BlockHash(1), None, block(1, bb));
+    b.put(BlockHash(2), None, block(2, bb));
+    drop(a);
+    // A worker starting now takes the free slot, with the entries its predecessor left.
+    let c2 = open(&c);
+    assert!(c2.contains(BlockHash(1)) && !c2.contains(BlockHash(2)));
+    b.flush();
+    assert!(dir.0.join("slot-1").join(format!("{:016x}.kv", 2)).exists());
 }
 
 #[test]
