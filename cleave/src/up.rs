@@ -54,6 +54,20 @@ pub struct UpArgs {
     /// move between them as bytes).
     #[arg(long, value_enum, default_value = "f16")]
     pub kv_dtype: cleave_types::choices::KvDtype,
+    /// Each worker's host-memory KV tier below its pool (`2GiB`; `0`, the default, for none):
+    /// evicted prefixes are kept there and copied back on a hit instead of recomputed.
+    #[arg(long, default_value = "0")]
+    pub kv_host_memory: bytesize::ByteSize,
+    /// A directory for the workers' disk KV tiers: each worker claims a slot in it (`slot-N`),
+    /// found again by the next `cleave up` on the same directory. Default: no disk tier.
+    #[arg(long)]
+    pub kv_disk_dir: Option<PathBuf>,
+    /// Bytes each worker's disk tier may hold.
+    #[arg(long, default_value = "10GiB")]
+    pub kv_disk_size: bytesize::ByteSize,
+    /// Demotions plus restores a block needs before it is written to disk.
+    #[arg(long, default_value_t = 2)]
+    pub kv_disk_min_uses: u32,
     /// Compute threads per worker.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
@@ -274,6 +288,20 @@ pub fn up(args: UpArgs) -> anyhow::Result<()> {
         .collect();
         if let Some(n) = args.kv_blocks {
             a.extend(["--kv-blocks".to_string(), n.to_string()]);
+        }
+        a.extend([
+            "--kv-host-memory".into(),
+            args.kv_host_memory.as_u64().to_string(),
+        ]);
+        if let Some(dir) = &args.kv_disk_dir {
+            a.extend([
+                "--kv-disk-dir".into(),
+                dir.display().to_string(),
+                "--kv-disk-size".into(),
+                args.kv_disk_size.as_u64().to_string(),
+                "--kv-disk-min-uses".into(),
+                args.kv_disk_min_uses.to_string(),
+            ]);
         }
         // The workers refuse --ep for a dense model.
         if let Some(ep) = args.ep {

@@ -67,6 +67,26 @@ fn check_pool(name: &str, pool: &PoolSpec, f: &mut Findings) {
             p.tensor
         ));
     }
+    if let Some(kv) = &pool.kv_cache {
+        if p.tensor * p.expert * p.nodes_per_group > 1 {
+            f.errors.push(format!(
+                "{name}.kvCache: KV tiers are not supported in worker groups yet (parallelism above 1)"
+            ));
+        }
+        if let Some(d) = &kv.disk {
+            let v = &d.volume;
+            let sources = [
+                v.empty_dir.is_some(),
+                v.host_path.is_some(),
+                v.persistent_volume_claim.is_some(),
+            ];
+            if sources.iter().filter(|s| **s).count() != 1 {
+                f.errors.push(format!(
+                    "{name}.kvCache.disk.volume: set exactly one of emptyDir, hostPath, persistentVolumeClaim"
+                ));
+            }
+        }
+    }
     if let Some(res) = &pool.resources {
         for (kind, map) in [("requests", &res.requests), ("limits", &res.limits)] {
             if let Some(map) = map {
@@ -131,6 +151,37 @@ mod tests {
             path: "/m/x.gguf".into(),
         });
         s
+    }
+
+    #[test]
+    fn a_kv_cache_needs_one_disk_volume_and_a_single_process_worker() {
+        use crate::crd::{KvCacheSpec, KvDiskSpec, KvDiskVolume};
+        use k8s_openapi::api::core::v1::EmptyDirVolumeSource;
+        let mut s = spec();
+        s.decode.kv_cache = Some(KvCacheSpec {
+            host_memory: None,
+            disk: Some(KvDiskSpec {
+                size: "1Gi".into(),
+                min_uses: None,
+                volume: KvDiskVolume::default(),
+            }),
+        });
+        s.prefill.kv_cache = Some(KvCacheSpec {
+            host_memory: Some("1Gi".into()),
+            disk: Some(KvDiskSpec {
+                size: "1Gi".into(),
+                min_uses: None,
+                volume: KvDiskVolume {
+                    empty_dir: Some(EmptyDirVolumeSource::default()),
+                    ..Default::default()
+                },
+            }),
+        });
+        s.prefill.parallelism.tensor = 2;
+        let f = validate(&s);
+        assert_eq!(f.errors.len(), 2, "{f:?}");
+        assert!(f.errors[0].contains("prefill.kvCache") && f.errors[0].contains("groups"));
+        assert!(f.errors[1].contains("decode.kvCache.disk.volume"));
     }
 
     #[test]

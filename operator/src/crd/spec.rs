@@ -3,7 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements, Toleration};
+use k8s_openapi::api::core::v1::{
+    EmptyDirVolumeSource, EnvVar, HostPathVolumeSource, PersistentVolumeClaimVolumeSource,
+    ResourceRequirements, Toleration,
+};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -201,6 +204,10 @@ pub struct PoolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(pattern(r"^(auto|[0-9]+(\.[0-9]+)? *([KkMmGgTtPpEe][Ii]?[Bb]?|[Bb])?)$"))]
     pub kv_memory: Option<String>,
+    /// KV tiers below each worker's pool: host memory and a disk directory (docs/kv-tiers.md).
+    /// Not yet for worker groups (`parallelism` above 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache: Option<KvCacheSpec>,
     /// Pod template overrides.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
@@ -210,6 +217,49 @@ pub struct PoolSpec {
     /// Extra environment variables of the worker container.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<EnvVar>,
+}
+
+/// The KV tiers of a pool's workers.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct KvCacheSpec {
+    /// Host-memory tier per worker, e.g. `8Gi`: blocks the pool evicts are kept there and
+    /// copied back on a prefix hit. Count it in the pod's memory limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(r"^[0-9]+(\.[0-9]+)? *([KkMmGgTtPpEe][Ii]?[Bb]?|[Bb])?$"))]
+    pub host_memory: Option<String>,
+    /// Disk tier per worker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<KvDiskSpec>,
+}
+
+/// A pool's disk KV tier.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct KvDiskSpec {
+    /// Bytes each worker's disk tier may hold, e.g. `100Gi`.
+    #[schemars(pattern(r"^[0-9]+(\.[0-9]+)? *([KkMmGgTtPpEe][Ii]?[Bb]?|[Bb])?$"))]
+    pub size: String,
+    /// Demotions plus restores a block needs before it is written (the workers' default: 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub min_uses: Option<u32>,
+    /// Where the entries live (exactly one): `emptyDir` (lost with the pod), `hostPath` (kept
+    /// on the node: a replacement pod, e.g. in a rolling update, finds its predecessor's
+    /// entries; the pods of a node share it, each claiming a slot) or `persistentVolumeClaim`.
+    pub volume: KvDiskVolume,
+}
+
+/// The volume of a disk KV tier.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct KvDiskVolume {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub empty_dir: Option<EmptyDirVolumeSource>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_path: Option<HostPathVolumeSource>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistent_volume_claim: Option<PersistentVolumeClaimVolumeSource>,
 }
 
 /// Autoscaling bounds of one pool (in worker groups).

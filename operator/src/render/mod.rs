@@ -132,6 +132,7 @@ fn worker_config(
     if let Some(d) = isvc.spec.model.kv_dtype {
         settings.push(("kv_dtype", d.as_flag().to_string()));
     }
+    settings.extend(kv_cache_settings(pool));
     settings.extend(internal_tls_settings(isvc));
     let (mut env, _) = config::worker_env(&settings).map_err(RenderError::settings(c.as_str()))?;
     // UCX's default crash handler prints a backtrace from inside the signal handler, which
@@ -147,6 +148,26 @@ fn worker_config(
         }
     }
     Ok(env)
+}
+
+/// The `--kv-host-memory` / `--kv-disk-*` settings of a pool's `kvCache` (the disk tier's
+/// volume is mounted at [`pods::KV_DISK_DIR`]).
+fn kv_cache_settings(pool: &PoolSpec) -> Vec<(&'static str, String)> {
+    let Some(kv) = &pool.kv_cache else {
+        return Vec::new();
+    };
+    let mut settings = Vec::new();
+    if let Some(m) = &kv.host_memory {
+        settings.push(("kv_host_memory", m.clone()));
+    }
+    if let Some(d) = &kv.disk {
+        settings.push(("kv_disk_dir", pods::KV_DISK_DIR.to_string()));
+        settings.push(("kv_disk_size", d.size.clone()));
+        if let Some(n) = d.min_uses {
+            settings.push(("kv_disk_min_uses", n.to_string()));
+        }
+    }
+    settings
 }
 
 /// The `--internal-tls-*` settings for the mounted Secret ([`pods::INTERNAL_TLS_DIR`]), when

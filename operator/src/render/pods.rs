@@ -120,7 +120,10 @@ pub fn worker_template(
     let name = isvc.metadata.name.clone().unwrap_or_default();
     let mut mounts = vec![model.mount.clone()];
     let mut volumes = vec![model.volume.clone()];
-    if let Some((volume, mount)) = internal_tls_volume(isvc) {
+    for (volume, mount) in [internal_tls_volume(isvc), kv_disk_volume(pool)]
+        .into_iter()
+        .flatten()
+    {
         volumes.push(volume);
         mounts.push(mount);
     }
@@ -296,6 +299,27 @@ pub fn router_template(
 pub fn api_keys_volume(isvc: &InferenceService) -> Option<(Volume, VolumeMount)> {
     let secret = isvc.spec.router.api_key_secret.as_ref()?;
     Some(secret_volume("api-keys", &secret.name, API_KEYS_DIR))
+}
+
+/// Where a worker's disk KV tier is mounted.
+pub const KV_DISK_DIR: &str = "/var/cache/cleave/kv";
+
+/// A pool's disk KV tier volume and its mount, when its `kvCache` has a disk.
+pub fn kv_disk_volume(pool: &PoolSpec) -> Option<(Volume, VolumeMount)> {
+    let v = &pool.kv_cache.as_ref()?.disk.as_ref()?.volume;
+    let volume = Volume {
+        name: "kv-disk".into(),
+        empty_dir: v.empty_dir.clone(),
+        host_path: v.host_path.clone(),
+        persistent_volume_claim: v.persistent_volume_claim.clone(),
+        ..Default::default()
+    };
+    let mount = VolumeMount {
+        name: "kv-disk".into(),
+        mount_path: KV_DISK_DIR.into(),
+        ..Default::default()
+    };
+    Some((volume, mount))
 }
 
 /// The internal mutual-TLS Secret's volume and its mount (router and worker pods alike), when

@@ -360,3 +360,69 @@ fn a_kv_memory_the_workers_cannot_parse_is_refused_when_rendering() {
     let e = cleave_telemetry::error_chain(&desired(&isvc(s), &inputs()).unwrap_err());
     assert!(e.contains("decode") && e.contains("lots"), "{e}");
 }
+
+#[test]
+fn a_pools_kv_cache_becomes_worker_flags_and_a_mounted_disk_volume() {
+    use k8s_openapi::api::core::v1::HostPathVolumeSource;
+    let mut s = spec();
+    s.decode.kv_cache = Some(crate::crd::KvCacheSpec {
+        host_memory: Some("2Gi".into()),
+        disk: Some(crate::crd::KvDiskSpec {
+            size: "20Gi".into(),
+            min_uses: Some(3),
+            volume: crate::crd::KvDiskVolume {
+                host_path: Some(HostPathVolumeSource {
+                    path: "/var/lib/cleave-kv".into(),
+                    type_: Some("DirectoryOrCreate".into()),
+                }),
+                ..Default::default()
+            },
+        }),
+    });
+    let d = desired(&isvc(s), &inputs()).unwrap();
+    let data = |n: &str| {
+        d.config_maps
+            .iter()
+            .find(|c| c.metadata.name.as_deref() == Some(n))
+            .unwrap()
+            .data
+            .clone()
+            .unwrap()
+    };
+    let dec = data("chat-decode");
+    assert_eq!(dec["CLEAVE_KV_HOST_MEMORY"], "2Gi");
+    assert_eq!(dec["CLEAVE_KV_DISK_DIR"], crate::render::pods::KV_DISK_DIR);
+    assert_eq!(dec["CLEAVE_KV_DISK_SIZE"], "20Gi");
+    assert_eq!(dec["CLEAVE_KV_DISK_MIN_USES"], "3");
+    assert!(!data("chat-prefill").contains_key("CLEAVE_KV_HOST_MEMORY"));
+    let pod = deployment(&d, "chat-decode")
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .clone()
+        .unwrap();
+    let volume = pod
+        .volumes
+        .unwrap()
+        .into_iter()
+        .find(|v| v.name == "kv-disk")
+        .expect("the disk tier's volume");
+    assert_eq!(volume.host_path.unwrap().path, "/var/lib/cleave-kv");
+    let mounts = pod.containers[0].volume_mounts.clone().unwrap();
+    assert!(mounts
+        .iter()
+        .any(|m| m.name == "kv-disk" && m.mount_path == crate::render::pods::KV_DISK_DIR));
+}
+
+#[test]
+fn a_kv_cache_size_the_workers_cannot_parse_is_refused_when_rendering() {
+    let mut s = spec();
+    s.prefill.kv_cache = Some(crate::crd::KvCacheSpec {
+        host_memory: Some("plenty".into()),
+        disk: None,
+    });
+    let e = cleave_telemetry::error_chain(&desired(&isvc(s), &inputs()).unwrap_err());
+    assert!(e.contains("prefill") && e.contains("plenty"), "{e}");
+}
