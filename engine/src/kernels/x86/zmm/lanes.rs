@@ -720,6 +720,20 @@ const OFFSET: u8 = 0;
 const SIGNED: u8 = 1;
 const K6: u8 = 2;
 
+/// Runs `$body` with `$t` = each of `0..$n` (at most 8; `$n` a constant), written out so that
+/// every index into per-token arrays is a constant.
+macro_rules! each_token {
+    ($n:expr, |$t:ident| $body:block) => {{
+        const { assert!($n <= 8) };
+        each_token!(@ $n, $t, $body, 0 1 2 3 4 5 6 7)
+    }};
+    (@ $n:expr, $t:ident, $body:block, $($i:literal)*) => {
+        {
+            $(if $n > $i { let $t = $i; $body })*
+        }
+    };
+}
+
 /// Tokens `t0..t0 + N` of one repacked group: out rows `r0..r0 + 16`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vnni")]
 fn tokens<const N: usize, const MODE: u8>(p: &Pass<'_>, fetch: &mut Fetch<'_>, t0: usize) {
@@ -760,15 +774,18 @@ fn tokens<const N: usize, const MODE: u8>(p: &Pass<'_>, fetch: &mut Fetch<'_>, t
             } else {
                 [_mm512_setzero_si512(); 2]
             };
-            for t in 0..N {
+            let (mw, dw) = (g.mw[b], g.dw[b]);
+            // Unrolled over the tokens, so that each accumulator stays in a register (as a
+            // loop, they lived on the stack: a load and a store per token and block).
+            each_token!(N, |t| {
                 // SAFETY: `xq[t]` holds `32 · nb` activations (checked above) and `b < nb`.
                 let l = unsafe { int_dot::<MODE>(w, xq[t], b, xc[t], k6) };
                 if MODE == OFFSET {
-                    acc[t] = _mm512_fmadd_ps(g.mw[b], _mm512_set1_ps(xs[t][b]), acc[t]);
+                    acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[t][b]), acc[t]);
                 }
-                let sc = _mm512_mul_ps(g.dw[b], _mm512_set1_ps(xd[t][b]));
+                let sc = _mm512_mul_ps(dw, _mm512_set1_ps(xd[t][b]));
                 acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l), sc, acc[t]);
-            }
+            });
         }
         for t in 0..N {
             lanes[t][k] = acc[t];
