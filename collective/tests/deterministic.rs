@@ -133,14 +133,21 @@ impl Group {
     }
 
     /// Submits every request at once (so they share steps) and collects their outputs.
-    async fn run(&self, reqs: &[(Vec<u32>, SamplingParams)]) -> Vec<Trace> {
-        let rxs: Vec<_> = reqs
-            .iter()
+    /// Submits `reqs` in order; their event streams.
+    fn submit(
+        &self,
+        reqs: &[(Vec<u32>, SamplingParams)],
+    ) -> Vec<tokio::sync::mpsc::UnboundedReceiver<SeqEvent>> {
+        reqs.iter()
             .map(|(p, params)| {
                 let req = GenerateRequest::new(p.clone(), params.clone());
                 self.engine.submit(req).expect("submit").1
             })
-            .collect();
+            .collect()
+    }
+
+    async fn run(&self, reqs: &[(Vec<u32>, SamplingParams)]) -> Vec<Trace> {
+        let rxs = self.submit(reqs);
         let mut out = Vec::new();
         for rx in rxs {
             out.push(trace(rx).await);
@@ -273,7 +280,14 @@ async fn check_invariance(model: &Path, world: usize, long: usize, small_bytes: 
     // older sequence needs a block, and is recomputed (prompt and generated tokens) later.
     let g = Group::start(setup(256, 26, false));
     let reversed: Vec<_> = reqs.iter().rev().cloned().collect();
-    let mut got = g.run(&reversed).await;
+    // All queued before the first step, so that they compete for blocks whatever the timing.
+    g.engine.hold();
+    let rxs = g.submit(&reversed);
+    g.engine.resume();
+    let mut got = Vec::new();
+    for rx in rxs {
+        got.push(trace(rx).await);
+    }
     got.reverse();
     same(&got, "under preemption");
     let preempted = g.engine.stats().counters.preemptions;

@@ -290,6 +290,8 @@ pub(crate) enum Command {
         data: Vec<u8>,
         reply: tokio::sync::oneshot::Sender<bool>,
     },
+    /// Stop (true) or resume (false) running steps; commands are still handled.
+    Hold(bool),
     Shutdown,
 }
 
@@ -440,6 +442,18 @@ impl Engine {
             })
             .map_err(|_| EngineError::Stopped)?;
         Ok((id, rx))
+    }
+
+    /// Stops running steps until [`Engine::resume`]; requests submitted meanwhile are all
+    /// queued before the next step, in submission order (commands are handled in order). For
+    /// tests that need several requests to meet in one schedule, and for maintenance.
+    pub fn hold(&self) {
+        let _ = self.tx.send(Command::Hold(true));
+    }
+
+    /// Resumes after [`Engine::hold`].
+    pub fn resume(&self) {
+        let _ = self.tx.send(Command::Hold(false));
     }
 
     /// Cancels a request; its blocks are freed at the start of the next step.

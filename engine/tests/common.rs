@@ -105,10 +105,14 @@ pub async fn collect(mut rx: tokio::sync::mpsc::UnboundedReceiver<SeqEvent>) -> 
 
 #[allow(dead_code)]
 pub async fn run_all(e: &Engine, reqs: Vec<(Vec<u32>, SamplingParams)>) -> Vec<Outcome> {
+    // All queued before the next step, whatever the timing: batching and preemption in the
+    // tests do not depend on how fast the engine thread wakes up.
+    e.hold();
     let rxs: Vec<_> = reqs
         .into_iter()
         .map(|(prompt, params)| e.submit(GenerateRequest::new(prompt, params)).unwrap().1)
         .collect();
+    e.resume();
     let mut out = Vec::new();
     for rx in rxs {
         out.push(collect(rx).await);

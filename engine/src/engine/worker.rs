@@ -90,6 +90,8 @@ pub(super) struct Worker {
     last_sync: std::time::Instant,
     /// A collective failed while handling a command (a relay): the engine must stop.
     broken: Option<CollectiveError>,
+    /// Steps are on hold ([`super::Engine::hold`]).
+    held_steps: bool,
 }
 
 impl Worker {
@@ -133,6 +135,7 @@ impl Worker {
             msg: Vec::new(),
             last_sync: std::time::Instant::now(),
             broken: None,
+            held_steps: false,
         };
         w.publish();
         w
@@ -141,7 +144,7 @@ impl Worker {
     pub(super) fn run(mut self, rx: mpsc::Receiver<Command>) {
         loop {
             // Idle, or stalled until a command frees blocks: block on the next command.
-            if self.sched.is_idle() || std::mem::take(&mut self.stalled) {
+            if self.sched.is_idle() || self.held_steps || std::mem::take(&mut self.stalled) {
                 let next = match &self.group {
                     None => rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected),
                     // A heartbeat at least every `heartbeat`, even while commands keep coming.
@@ -181,7 +184,7 @@ impl Worker {
                     Err(mpsc::TryRecvError::Disconnected) => return self.shutdown(),
                 }
             }
-            if !self.sched.is_idle() {
+            if !self.sched.is_idle() && !self.held_steps {
                 if let Err(e) = self.step() {
                     return self.fail(e);
                 }
@@ -267,6 +270,7 @@ impl Worker {
             } => {
                 let _ = reply.send(blocks::write(&mut self.cache, &blocks, &data));
             }
+            Command::Hold(on) => self.held_steps = on,
             Command::Shutdown => return false,
         }
         true
