@@ -214,3 +214,16 @@ pub fn argmax_agreement(got: &[u32], want: &[u32]) -> f64 {
     let same = got.iter().zip(want).filter(|(a, b)| a == b).count();
     same as f64 / want.len() as f64
 }
+
+/// Waits until nothing runs or waits in `e` (polling its published stats).
+#[allow(dead_code)]
+pub async fn wait_idle(e: &Engine) {
+    for _ in 0..2000 {
+        let s = e.stats();
+        if s.running == 0 && s.waiting == 0 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    panic!("engine did not go idle: {:?}", e.stats());
+}

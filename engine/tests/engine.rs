@@ -3,21 +3,10 @@
 
 use crate::common;
 
-use common::{collect, engine, greedy, prompt, run_all};
+use common::{collect, engine, greedy, prompt, run_all, wait_idle};
 
 use cleave_engine::engine::{Engine, FinishReason, GenerateRequest, SeqEvent};
 use cleave_text::sample::SamplingParams;
-
-async fn wait_idle(e: &Engine) {
-    for _ in 0..1000 {
-        let s = e.stats();
-        if s.running == 0 && s.waiting == 0 {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    panic!("engine did not go idle: {:?}", e.stats());
-}
 
 async fn assert_no_leak(e: &Engine, total: usize) {
     wait_idle(e).await;

@@ -52,17 +52,6 @@ async fn run(e: &Engine, prompt: Vec<u32>) -> Vec<(u32, u32)> {
     panic!("stream ended without Done");
 }
 
-async fn idle(e: &Engine) {
-    for _ in 0..2000 {
-        let s = e.stats();
-        if s.running == 0 && s.waiting == 0 {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    panic!("engine did not go idle: {:?}", e.stats());
-}
-
 /// A prompt of 70 tokens (four full blocks), distinct per `i`.
 fn long_prompt(i: usize) -> Vec<u32> {
     let text = format!(
@@ -82,7 +71,7 @@ async fn evict(e: &Engine) {
     for i in 1..=3 {
         run(e, long_prompt(i)).await;
     }
-    idle(e).await;
+    common::wait_idle(e).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
@@ -99,7 +88,7 @@ async fn a_prefix_evicted_to_the_host_tier_comes_back_bit_identical() {
     let before = e.stats();
     assert!(before.tiers.host_entries >= 4, "{:?}", before.tiers);
     let restored = run(&e, p.clone()).await;
-    idle(&e).await;
+    common::wait_idle(&e).await;
     let after = e.stats();
     assert_eq!(
         restored, computed,
@@ -159,7 +148,7 @@ async fn a_restarted_worker_serves_a_prefix_hit_from_its_disk_tier() {
         .count();
     assert!(stored >= 4, "{stored} blocks announced after the restart");
     let restored = run(&second, p).await;
-    idle(&second).await;
+    common::wait_idle(&second).await;
     let s = second.stats();
     assert_eq!(restored, computed);
     assert_eq!(s.tiers.disk_hits, 4, "{:?}", s.tiers);

@@ -35,6 +35,17 @@ pub(super) fn inputs() -> Inputs {
     }
 }
 
+/// The data of ConfigMap `name`.
+fn config_data(d: &Desired, name: &str) -> std::collections::BTreeMap<String, String> {
+    d.config_maps
+        .iter()
+        .find(|c| c.metadata.name.as_deref() == Some(name))
+        .unwrap_or_else(|| panic!("no ConfigMap {name}"))
+        .data
+        .clone()
+        .unwrap_or_default()
+}
+
 pub(super) fn deployment<'a>(d: &'a Desired, name: &str) -> &'a Deployment {
     d.deployments
         .iter()
@@ -126,15 +137,7 @@ fn config_maps_hold_the_binaries_settings() {
         key: "list".into(),
     });
     let d = desired(&isvc(s), &inputs()).unwrap();
-    let cm = |n: &str| {
-        d.config_maps
-            .iter()
-            .find(|c| c.metadata.name.as_deref() == Some(n))
-            .unwrap()
-            .data
-            .clone()
-            .unwrap()
-    };
+    let cm = |n: &str| config_data(&d, n);
     let dec = cm("chat-decode");
     assert_eq!(dec["CLEAVE_MODEL"], "/models/m.gguf");
     assert_eq!(dec["CLEAVE_KV_BLOCKS"], "128");
@@ -380,15 +383,7 @@ fn a_pools_kv_cache_becomes_worker_flags_and_a_mounted_disk_volume() {
         }),
     });
     let d = desired(&isvc(s), &inputs()).unwrap();
-    let data = |n: &str| {
-        d.config_maps
-            .iter()
-            .find(|c| c.metadata.name.as_deref() == Some(n))
-            .unwrap()
-            .data
-            .clone()
-            .unwrap()
-    };
+    let data = |n: &str| config_data(&d, n);
     let dec = data("chat-decode");
     assert_eq!(dec["CLEAVE_KV_HOST_MEMORY"], "2Gi");
     assert_eq!(dec["CLEAVE_KV_DISK_DIR"], crate::render::pods::KV_DISK_DIR);
