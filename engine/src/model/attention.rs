@@ -7,6 +7,7 @@ use crate::kv::BlockId;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+mod tile;
 
 /// Where one batch token's keys and values go and what it may attend to.
 #[derive(Clone, Copy, Debug)]
@@ -84,26 +85,33 @@ pub struct AttnScratch {
 /// One thread's scratch space.
 #[derive(Default)]
 struct Part {
-    scores: Vec<f32>,
-    acc: Vec<f32>,
-    /// (key, value) unit offsets of the positions a kv head attends to.
-    rows: Vec<(usize, usize)>,
-    /// One span's key (or value) rows widened to f32, for the heads of a group to share (the
-    /// AVX2 kernel over an F16 or Q8_0 cache).
+    state: tile::State,
+    /// The loaded tile's rows widened to f32 (the SIMD kernels over an F16 or Q8_0 cache).
     wide: Vec<f32>,
+    /// The outputs of this part's items, in item order.
+    out: Vec<f32>,
 }
 
 /// Fewer (position × query head) pairs than this in a whole call run on the calling thread: a
 /// decode step at a short context costs less than waking the pool.
 const THREADED_PAIRS: usize = 1 << 14;
 
+/// One work item: consecutive batch tokens of one sequence (at consecutive positions) through
+/// one kv head.
+#[derive(Clone, Debug, PartialEq)]
+struct Item {
+    tokens: std::ops::Range<usize>,
+    kv_head: usize,
+}
+
 /// Causal attention of every batch token over its sequence's cached positions `0..=pos` (the
 /// last `window` of them for a window layer). `q` holds `n_heads * head_dim` per token; `out`
 /// receives the same shape.
 ///
-/// The work is a list of items, one per (batch token, kv head), split into contiguous runs of
-/// about equal cost over `threads`; each item is computed start to end by one thread with the
-/// same operations whatever the split, so the result is bit-identical for any thread count.
+/// The work is a list of items (up to [`tile::TOKENS`] consecutive tokens of one sequence
+/// through one kv head), split into contiguous runs of about equal cost over `threads`. A
+/// query row's result depends on nothing but its query, its positions and the cache (see
+/// [`tile`]), so it is bit-identical for any thread count, batch and chunking.
 #[allow(clippy::too_many_arguments)]
 pub fn attend(
     cache: &KvCache,
@@ -126,18 +134,19 @@ pub fn attend(
         n_heads,
         params,
     };
-    let runs = a.split(threads.count());
+    let items = a.items();
+    let runs = a.split(&items, threads.count());
     scratch.parts.resize_with(runs.len(), Part::default);
-    let gw = n_heads / layout.n_kv_heads * layout.head_dim;
-    let mut jobs = Vec::with_capacity(runs.len());
-    let mut rest = out;
-    for (items, part) in runs.into_iter().zip(scratch.parts.iter_mut()) {
-        let (mine, tail) = std::mem::take(&mut rest).split_at_mut(items.len() * gw);
-        rest = tail;
-        jobs.push((items, mine, part));
-    }
+    let jobs: Vec<_> = runs
+        .iter()
+        .map(|r| &items[r.clone()])
+        .zip(scratch.parts.iter_mut())
+        .collect();
     let a = &a;
-    threads.run(jobs, |(items, out, part)| a.items(items, out, part));
+    threads.run(jobs, |(items, part)| a.run(items, part));
+    for (run, part) in runs.iter().zip(&scratch.parts) {
+        a.place(&items[run.clone()], &part.out, out);
+    }
 }
 
 /// The inputs of one [`attend`] call.
@@ -153,14 +162,6 @@ struct Attend<'a> {
     params: &'a AttnParams,
 }
 
-/// One token's attention through one kv head: its `group` query heads and their output rows
-/// (`group · head_dim` each), over `n` positions.
-struct Group<'a> {
-    n: usize,
-    q: &'a [f32],
-    out: &'a mut [f32],
-}
-
 impl Attend<'_> {
     /// The pool as units of `T`.
     #[inline(always)]
@@ -168,96 +169,139 @@ impl Attend<'_> {
         bytemuck::cast_slice(self.region)
     }
 
-    /// Positions item `i` (token `i / n_kv_heads`) attends to.
-    fn positions(&self, i: usize) -> std::ops::Range<usize> {
-        let s = &self.slots[i / self.layout.n_kv_heads];
+    /// Positions batch token `t` attends to.
+    fn positions(&self, t: usize) -> std::ops::Range<usize> {
+        let s = &self.slots[t];
         self.params.first(s.pos)..s.pos + 1
     }
 
+    /// The work items, in batch order: runs of at most [`tile::TOKENS`] tokens that follow each
+    /// other in one sequence (the same block table, the next position), each through every kv
+    /// head.
+    fn items(&self) -> Vec<Item> {
+        // One sequence's tokens share its block table (each token's may end sooner).
+        let follows = |a: &TokenSlot, b: &TokenSlot| {
+            std::ptr::eq(a.blocks.as_ptr(), b.blocks.as_ptr()) && a.pos + 1 == b.pos
+        };
+        let mut items = Vec::new();
+        let mut start = 0;
+        for t in 1..=self.slots.len() {
+            let split = t == self.slots.len()
+                || t - start == tile::TOKENS
+                || !follows(&self.slots[t - 1], &self.slots[t]);
+            if split {
+                items.extend((0..self.layout.n_kv_heads).map(|kv_head| Item {
+                    tokens: start..t,
+                    kv_head,
+                }));
+                start = t;
+            }
+        }
+        items
+    }
+
     /// Contiguous runs of items of about equal cost (positions attended, plus a fixed cost per
-    /// item), at most `n` of them; one run when the call is too small to share.
-    fn split(&self, n: usize) -> Vec<std::ops::Range<usize>> {
-        let items = self.slots.len() * self.layout.n_kv_heads;
-        let cost = |i: usize| self.positions(i).len() + 8;
-        let total: usize = (0..items).map(cost).sum();
-        if n <= 1 || items < 2 || total * self.n_heads / self.layout.n_kv_heads < THREADED_PAIRS {
-            return std::iter::once(0..items).collect();
+    /// token), at most `n` of them; one run when the call is too small to share.
+    fn split(&self, items: &[Item], n: usize) -> Vec<std::ops::Range<usize>> {
+        let cost =
+            |it: &Item| -> usize { it.tokens.clone().map(|t| self.positions(t).len() + 8).sum() };
+        let total: usize = items.iter().map(cost).sum();
+        let group = self.n_heads / self.layout.n_kv_heads;
+        if n <= 1 || items.len() < 2 || total * group < THREADED_PAIRS {
+            return std::iter::once(0..items.len()).collect();
         }
         let mut runs = Vec::with_capacity(n);
         let (mut start, mut acc) = (0, 0);
-        for i in 0..items {
-            acc += cost(i);
+        for (i, it) in items.iter().enumerate() {
+            acc += cost(it);
             if acc * n >= total * (runs.len() + 1) && runs.len() + 1 < n {
                 runs.push(start..i + 1);
                 start = i + 1;
             }
         }
-        if start < items {
-            runs.push(start..items);
+        if start < items.len() {
+            runs.push(start..items.len());
         }
         runs
     }
 
-    /// Computes `items` into `out` (their `group · head_dim` rows, in item order).
-    fn items(&self, items: std::ops::Range<usize>, out: &mut [f32], part: &mut Part) {
+    /// Copies the outputs of `items` (each token's `group · head_dim` rows, item by item, as
+    /// [`Attend::run`] leaves them) to their tokens' places in `out`.
+    fn place(&self, items: &[Item], rows: &[f32], out: &mut [f32]) {
+        let gw = self.n_heads / self.layout.n_kv_heads * self.layout.head_dim;
+        let mut src = rows.chunks_exact(gw);
+        for it in items {
+            for t in it.tokens.clone() {
+                let at = (t * self.layout.n_kv_heads + it.kv_head) * gw;
+                out[at..at + gw].copy_from_slice(src.next().expect("one row per token"));
+            }
+        }
+    }
+
+    /// Computes `items` into `part.out` (each token's `group · head_dim` rows, item by item).
+    fn run(&self, items: &[Item], part: &mut Part) {
+        let gw = self.n_heads / self.layout.n_kv_heads * self.layout.head_dim;
+        let rows: usize = items.iter().map(|it| it.tokens.len()).sum();
+        part.out.resize(rows * gw, 0.0);
         #[cfg(target_arch = "x86_64")]
         if has_avx2() {
             // SAFETY: the CPU supports AVX2, FMA and F16C (checked at run time just above).
             let done = unsafe {
                 match self.layout.dtype {
-                    KvDtype::F32 => avx2::attend::<f32>(self, items.clone(), out, part),
-                    KvDtype::F16 => avx2::attend::<half::f16>(self, items.clone(), out, part),
-                    KvDtype::Q8_0 => avx2::attend::<Q8Block>(self, items.clone(), out, part),
+                    KvDtype::F32 => avx2::run::<f32>(self, items, part),
+                    KvDtype::F16 => avx2::run::<half::f16>(self, items, part),
+                    KvDtype::Q8_0 => avx2::run::<Q8Block>(self, items, part),
                 }
             };
-            if !done {
-                // SAFETY: as above.
-                unsafe { attend_avx2(self, items, out, part) };
+            if done {
+                return;
             }
-            return;
         }
-        attend_any(self, items, out, part);
+        self.run_portable(items, part);
     }
 
-    /// Calls `f` for each item (batch token and kv head) of `items`, with the row offsets of the
-    /// positions it attends to in `part.rows` (checked against the pool of `T`s) and
-    /// `part.scores` zeroed to `group · n`.
+    /// [`Attend::run`] with the portable kernel.
+    fn run_portable(&self, items: &[Item], part: &mut Part) {
+        match self.layout.dtype {
+            KvDtype::F32 => self.portable::<f32>(items, part),
+            KvDtype::F16 => self.portable::<half::f16>(items, part),
+            KvDtype::Q8_0 => self.portable::<Q8Block>(items, part),
+        }
+    }
+
+    /// [`Attend::run_portable`] for a cache of `T`.
+    fn portable<T: KvElem>(&self, items: &[Item], part: &mut Part) {
+        let mut kernel = tile::Portable {
+            mem: self.mem::<T>(),
+            head_dim: self.layout.head_dim,
+            head_units: self.layout.head_units(),
+            rows: Vec::new(),
+        };
+        self.each_item(items, part, |a, it, st, out| {
+            tile::item::<T>(a, it.tokens.clone(), it.kv_head, &mut kernel, st, out)
+        });
+    }
+
+    /// Calls `f` for each item with its state and its slice of `part.out`.
     #[inline(always)]
-    fn each_group<T: KvElem>(
+    fn each_item(
         &self,
-        items: std::ops::Range<usize>,
-        out: &mut [f32],
+        items: &[Item],
         part: &mut Part,
-        mut f: impl FnMut(Group<'_>, &mut Part),
+        mut f: impl FnMut(&Self, &Item, &mut tile::State, &mut [f32]),
     ) {
-        let layout = self.layout;
-        // Query heads per kv head, and the width of their rows.
-        let group = self.n_heads / layout.n_kv_heads;
-        let gw = group * layout.head_dim;
-        let pool_len = self.mem::<T>().len();
-        for (i, out) in items.zip(out.chunks_exact_mut(gw)) {
-            let (t, g) = (i / layout.n_kv_heads, i % layout.n_kv_heads);
-            let positions = self.positions(i);
-            let n = positions.len();
-            kv_rows(
-                &layout,
-                &self.slots[t],
-                self.layer,
-                g,
-                positions,
-                pool_len,
-                &mut part.rows,
-            );
-            part.scores.clear();
-            part.scores.resize(group * n, 0.0);
-            let q = &self.q[i * gw..(i + 1) * gw];
-            f(Group { n, q, out }, part);
+        let gw = self.n_heads / self.layout.n_kv_heads * self.layout.head_dim;
+        let mut rest = &mut part.out[..];
+        for it in items {
+            let (mine, tail) = std::mem::take(&mut rest).split_at_mut(it.tokens.len() * gw);
+            rest = tail;
+            f(self, it, &mut part.state, mine);
         }
     }
 }
 
 /// Into `rows`: the unit offsets of the key and value rows of kv head `g` at `positions` of
-/// sequence `s` in `layer`, each checked to lie in a pool of `pool_len` units (the AVX2
+/// sequence `s` in `layer`, each checked to lie in a pool of `pool_len` units (the SIMD
 /// kernels load them unchecked).
 #[inline(always)]
 fn kv_rows(
@@ -291,140 +335,6 @@ fn has_avx2() -> bool {
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c")
     })
-}
-
-/// The same code compiled for 256-bit vectors. Per lane the float operations are the same as
-/// the portable build's, so results are identical on every machine.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn attend_avx2(a: &Attend<'_>, items: std::ops::Range<usize>, out: &mut [f32], part: &mut Part) {
-    attend_any(a, items, out, part);
-}
-
-#[inline(always)]
-fn attend_any(a: &Attend<'_>, items: std::ops::Range<usize>, out: &mut [f32], part: &mut Part) {
-    match a.layout.dtype {
-        KvDtype::F32 => attend_typed::<f32>(a, items, out, part),
-        KvDtype::F16 => attend_typed::<half::f16>(a, items, out, part),
-        KvDtype::Q8_0 => attend_typed::<Q8Block>(a, items, out, part),
-    }
-}
-
-/// `Σ a·b` over a row of `a.len()` elements.
-#[inline(always)]
-fn dot<T: KvElem>(a: &[f32], b: &[T]) -> f32 {
-    // Eight independent partial sums over exact chunks: vectorises, and the order is fixed.
-    let mut acc = [0.0f32; 8];
-    let whole = a.len() / 8;
-    for (c, x) in a.chunks_exact(8).enumerate() {
-        let y = T::chunk8(b, c);
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    let mut s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (i, x) in a.iter().enumerate().skip(8 * whole) {
-        s += x * T::get(b, i);
-    }
-    s
-}
-
-/// `acc += w * v` over a row of `acc.len()` elements.
-#[inline(always)]
-fn axpy<T: KvElem>(acc: &mut [f32], w: f32, v: &[T]) {
-    let whole = acc.len() / 8;
-    for (c, a) in acc.chunks_exact_mut(8).enumerate() {
-        let x = T::chunk8(v, c);
-        for l in 0..8 {
-            a[l] += w * x[l];
-        }
-    }
-    for (i, a) in acc.iter_mut().enumerate().skip(8 * whole) {
-        *a += w * T::get(v, i);
-    }
-}
-
-#[inline(always)]
-fn attend_typed<T: KvElem>(
-    a: &Attend<'_>,
-    items: std::ops::Range<usize>,
-    out: &mut [f32],
-    part: &mut Part,
-) {
-    let (hd, hu) = (a.layout.head_dim, a.layout.head_units());
-    let group = a.n_heads / a.layout.n_kv_heads;
-    let (scale, softcap) = (a.params.scale, a.params.softcap);
-    let mem = a.mem::<T>();
-    a.each_group::<T>(items, out, part, |gr, scratch| {
-        let n = gr.n;
-        // scores[h * n + j] for the `group` query heads sharing the kv head.
-        for (j, &(k, _)) in scratch.rows.iter().enumerate() {
-            let k = &mem[k..k + hu];
-            for h in 0..group {
-                scratch.scores[h * n + j] = dot(&gr.q[h * hd..(h + 1) * hd], k) * scale;
-            }
-        }
-        for h in 0..group {
-            normalize(&mut scratch.scores[h * n..(h + 1) * n], softcap);
-        }
-        scratch.acc.clear();
-        scratch.acc.resize(group * hd, 0.0);
-        for (j, &(_, v)) in scratch.rows.iter().enumerate() {
-            let v = &mem[v..v + hu];
-            for h in 0..group {
-                let w = scratch.scores[h * n + j];
-                axpy(&mut scratch.acc[h * hd..(h + 1) * hd], w, v);
-            }
-        }
-        gr.out.copy_from_slice(&scratch.acc);
-    });
-}
-
-/// Soft-caps (when asked) and softmaxes one score row: shared by every attention path, so they
-/// agree bit for bit.
-#[inline(always)]
-fn normalize(row: &mut [f32], softcap: Option<f32>) {
-    if let Some(cap) = softcap {
-        super::ops::softcap(row, cap);
-    }
-    softmax(row);
-}
-
-/// In-place softmax of one score row (shared by every attention path, so they agree bit for
-/// bit). Every pass is written so the compiler vectorises it: a polynomial `e^x` instead of the
-/// C library's call per score (2 million calls per decode step of the Llama-3.2-1B shape at
-/// 4,096 tokens of context), and the max and the sum over eight lanes reduced in one fixed order.
-#[inline(always)]
-fn softmax(row: &mut [f32]) {
-    let mut m = [f32::NEG_INFINITY; 8];
-    let mut chunks = row.chunks_exact(8);
-    for c in &mut chunks {
-        for l in 0..8 {
-            m[l] = m[l].max(c[l]);
-        }
-    }
-    let max = chunks.remainder().iter().fold(
-        ((m[0].max(m[1])).max(m[2].max(m[3]))).max((m[4].max(m[5])).max(m[6].max(m[7]))),
-        |a, &b| a.max(b),
-    );
-    for v in row.iter_mut() {
-        *v = exp_nonpositive(*v - max);
-    }
-    let mut acc = [0.0f32; 8];
-    let mut chunks = row.chunks_exact(8);
-    for c in &mut chunks {
-        for l in 0..8 {
-            acc[l] += c[l];
-        }
-    }
-    let mut sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for v in chunks.remainder() {
-        sum += v;
-    }
-    let inv = 1.0 / sum;
-    for v in row.iter_mut() {
-        *v *= inv;
-    }
 }
 
 /// `e^x` for `x <= 0` (a score minus its row's max), within 2 ulp of the exact value; 0 below
@@ -702,14 +612,78 @@ mod tests {
                     n_heads,
                     params: &params,
                 };
-                let items = 0..slots.len() * lay.n_kv_heads;
-                attend_any(&a, items, &mut slow, &mut Part::default());
+                let items = a.items();
+                let mut part = Part::default();
+                let rows: usize = items.iter().map(|it| it.tokens.len()).sum();
+                part.out.resize(rows * n_heads * hd / lay.n_kv_heads, 0.0);
+                a.run_portable(&items, &mut part);
+                a.place(&items, &part.out, &mut slow);
                 for (i, (a, b)) in fast.iter().zip(&slow).enumerate() {
                     assert_eq!(
                         a.to_bits(),
                         b.to_bits(),
                         "hd {hd} {dtype:?} {params:?} element {i}: {a} vs {b}"
                     );
+                }
+            }
+        }
+    }
+
+    /// A token's output does not depend on which tokens share its call: 40 consecutive tokens of
+    /// one sequence (work items of several tokens, tiles cut at different places for each) give
+    /// the bits of each token attended alone, with plain and windowed, soft-capped attention.
+    #[test]
+    fn attention_is_bit_identical_for_any_batch() {
+        for dtype in KvDtype::ALL {
+            let lay = KvLayout {
+                n_layers: 1,
+                n_kv_heads: 2,
+                head_dim: 64,
+                block_size: 16,
+                dtype,
+            };
+            let blocks: Vec<BlockId> = (0..12).map(|b| BlockId((b * 5) % 12)).collect();
+            let mut cache = KvCache::on_heap(lay, 12);
+            let val = |p: usize, i: usize| (((p * 29 + i * 17) % 53) as f32 - 26.0) * 0.02;
+            fill(&mut cache, 0, &blocks, 180, val, |p, i| val(p, i + 7));
+            let n_heads = 6;
+            let positions: Vec<usize> = (137..177).collect();
+            let slots = slots_at(&positions, &blocks);
+            let q: Vec<f32> = (0..slots.len() * n_heads * 64)
+                .map(|i| ((i * 11 % 31) as f32 - 15.0) * 0.06)
+                .collect();
+            let windowed = AttnParams {
+                scale: 0.2,
+                softcap: Some(3.0),
+                window: Some(45),
+            };
+            for params in [AttnParams::plain(64), windowed] {
+                let run = |slots: &[TokenSlot], q: &[f32]| {
+                    let mut out = vec![0.0; q.len()];
+                    let mut scratch = AttnScratch::default();
+                    let one = Threads::single();
+                    attend(
+                        &cache,
+                        0,
+                        slots,
+                        q,
+                        n_heads,
+                        &params,
+                        &mut out,
+                        &mut scratch,
+                        &one,
+                    );
+                    out
+                };
+                let together = run(&slots, &q);
+                let w = n_heads * 64;
+                for (t, slot) in slots.iter().enumerate() {
+                    let alone = run(std::slice::from_ref(slot), &q[t * w..(t + 1) * w]);
+                    let same = alone
+                        .iter()
+                        .zip(&together[t * w..(t + 1) * w])
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{dtype:?} {params:?}: token at {}", slot.pos);
                 }
             }
         }

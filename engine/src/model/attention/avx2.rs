@@ -1,18 +1,20 @@
-//! AVX2 attention over an F32, F16 or Q8_0 KV cache with `head_dim = 8·CH`: the same float
-//! operations (an f16 element widened exactly by F16C, as `half` widens it; a Q8_0 element as
-//! `f32(q) · d`, one rounding, as `KvElem::chunk8` computes it), in
-//! the same order, as the portable `attend_typed` (eight-lane `acc + q·k` partial sums reduced as
-//! `((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))`, then `acc + w·v` per position in order),
-//! so results are bit-identical; only the code shape differs: a head's query and output rows stay
-//! in registers across a span of positions instead of being loaded and stored for every one,
-//! four positions' dot products are reduced together, and the positions are taken in spans whose
-//! key and value rows fit in L1, so that the query heads sharing a kv head read them from
-//! memory once, not once per head — and an F16 or Q8_0 span is widened to f32 once, into a
-//! scratch row block the heads then read.
+//! The AVX2 tile kernel over an F32, F16 or Q8_0 KV cache with `head_dim = 8·CH` (CH a multiple
+//! of 4): the same float operations (an f16 element widened exactly by F16C, as `half` widens
+//! it; a Q8_0 element as `f32(q) · d`, one rounding, as `KvElem::chunk8` computes it), in the
+//! same order, as the portable kernel (eight-lane `acc + q·k` partial sums reduced as `((a0 +
+//! a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))`, then `acc + w·v` per position in order), so
+//! results are bit-identical. Only the code shape differs: a tile's F16 or Q8_0 rows are widened
+//! to f32 once for every query row of the item, two query heads go through four positions at a
+//! time (each key load feeds two heads, each query load four positions), and two heads'
+//! running sums stay in registers, a quarter of a 128-wide row at a time, across a tile's
+//! positions.
 
 use std::arch::x86_64::*;
 
-use super::{normalize, Attend, KvElem, Part, Q8Block};
+use std::ops::Range;
+
+use super::tile::{self, TileKernel, TILE};
+use super::{Attend, Item, KvElem, Part, Q8Block};
 
 /// `[hsum(a), hsum(b), hsum(c), hsum(d)]`, each `((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 +
 /// v7))`.
@@ -38,6 +40,8 @@ unsafe fn load(p: *const f32) -> __m256 {
 pub(super) trait Lanes: KvElem {
     /// Whether rows must be widened to be read as f32s (all but an f32 cache).
     const WIDEN: bool = true;
+    /// Elements in one unit.
+    const ELEMS: usize = 1;
     /// Elements `8c .. 8c + 8` of the row at `row`, widened to f32 as [`KvElem::chunk8`] does.
     ///
     /// # Safety
@@ -64,6 +68,7 @@ impl Lanes for half::f16 {
 }
 
 impl Lanes for Q8Block {
+    const ELEMS: usize = 32;
     #[inline(always)]
     unsafe fn load8(row: *const Q8Block, c: usize) -> __m256 {
         // SAFETY: block `c / 4` is readable (guaranteed by the caller); its 8 quants at
@@ -78,28 +83,12 @@ impl Lanes for Q8Block {
     }
 }
 
-/// `Σ q·k` partial sums of one position, eight lanes (`q` preloaded).
+/// Into `ptrs`: where each of `rows`' key (`value == false`) or value rows can be read as
+/// `8·CH` f32s — the cache's own rows for an F32 cache; else each row widened once into `wide`.
 ///
 /// # Safety
-/// `k` must point to `8·CH` readable elements.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn partial<T: Lanes, const CH: usize>(q: &[__m256; CH], k: *const T) -> __m256 {
-    let mut acc = _mm256_setzero_ps();
-    for (c, q) in q.iter().enumerate() {
-        // SAFETY: `8·c + 8 <= 8·CH`.
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(*q, unsafe { T::load8(k, c) }));
-    }
-    acc
-}
-
-/// Into `ptrs`: where the key (`value == false`) or value rows at `rows` can be read as `8·CH`
-/// f32s — the cache's own rows for an F32 cache; else each row widened once into `wide`, so
-/// that the query heads of a group do not widen it once each.
-///
-/// # Safety
-/// Every offset of `rows` must leave `8·CH` elements readable in `mem`; `ptrs` must be at least
-/// `rows.len()` long. The pointers are valid until `wide` changes.
+/// Every offset of `rows` must leave `8·CH` elements readable in `mem`, and `rows` must be at
+/// most [`TILE`] long. The pointers are valid until `wide` changes.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 unsafe fn f32_rows<T: Lanes, const CH: usize>(
@@ -107,7 +96,7 @@ unsafe fn f32_rows<T: Lanes, const CH: usize>(
     rows: &[(usize, usize)],
     value: bool,
     wide: &mut Vec<f32>,
-    ptrs: &mut [*const f32],
+    ptrs: &mut [*const f32; TILE],
 ) {
     let at = |r: &(usize, usize)| mem.as_ptr().wrapping_add(if value { r.1 } else { r.0 });
     if !T::WIDEN {
@@ -118,8 +107,8 @@ unsafe fn f32_rows<T: Lanes, const CH: usize>(
         return;
     }
     let hd = 8 * CH;
-    if wide.len() < rows.len() * hd {
-        wide.resize(rows.len() * hd, 0.0);
+    if wide.len() < TILE * hd {
+        wide.resize(TILE * hd, 0.0);
     }
     for (i, r) in rows.iter().enumerate() {
         let dst = wide[i * hd..(i + 1) * hd].as_mut_ptr();
@@ -134,131 +123,237 @@ unsafe fn f32_rows<T: Lanes, const CH: usize>(
     }
 }
 
-/// The span kernel for the head size of `a`, if it has one (32, 64 or 128): false when the
-/// caller must use the portable code.
+/// Runs `items` with the kernel for the head size of `a`, if it has one (32, 64, 128 or 256):
+/// false when the caller must use the portable kernel.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn attend<T: Lanes>(
-    a: &Attend<'_>,
-    items: std::ops::Range<usize>,
-    out: &mut [f32],
-    part: &mut Part,
-) -> bool {
+pub(super) unsafe fn run<T: Lanes>(a: &Attend<'_>, items: &[Item], part: &mut Part) -> bool {
     match a.layout.head_dim {
-        32 => attend_kv::<T, 4>(a, items, out, part),
-        64 => attend_kv::<T, 8>(a, items, out, part),
-        128 => attend_kv::<T, 16>(a, items, out, part),
+        32 => run_ch::<T, 4>(a, items, part),
+        64 => run_ch::<T, 8>(a, items, part),
+        128 => run_ch::<T, 16>(a, items, part),
+        256 => run_ch::<T, 32>(a, items, part),
         _ => return false,
     }
     true
 }
 
-/// Causal attention of every batch token over its cached positions (see `attend`).
 #[target_feature(enable = "avx2,fma,f16c")]
-fn attend_kv<T: Lanes, const CH: usize>(
-    a: &Attend<'_>,
-    items: std::ops::Range<usize>,
-    out: &mut [f32],
-    part: &mut Part,
-) {
-    let hd = a.layout.head_dim;
-    assert_eq!(hd, 8 * CH);
-    let group = a.n_heads / a.layout.n_kv_heads;
-    let (scale, softcap) = (a.params.scale, a.params.softcap);
-    let mem = a.mem::<T>();
-    // Positions per span: the span's key (or value) rows take 16 KiB as f32s, so they stay in
-    // L1 while every query head of the group goes over them (one pass from L2/L3, and one
-    // widening of an F16 or Q8_0 row, instead of `group`).
-    let span = (512 / CH).max(4);
-    // Where each position of the span's rows can be read as f32s.
-    let mut ptrs = [std::ptr::null::<f32>(); 128];
-    assert!(span <= ptrs.len());
-    a.each_group::<T>(items, out, part, |gr, scratch| {
-        // Positions attended to (the whole causal prefix, or the window).
-        let ctx = gr.n;
-        for s0 in (0..ctx).step_by(span) {
-            let end = (s0 + span).min(ctx);
-            // SAFETY: every row offset was checked against `mem` (`each_group`).
-            unsafe {
-                f32_rows::<T, CH>(
-                    mem,
-                    &scratch.rows[s0..end],
-                    false,
-                    &mut scratch.wide,
-                    &mut ptrs,
-                )
-            };
-            for h in 0..group {
-                let qh = &gr.q[h * hd..(h + 1) * hd];
-                let mut qv = [_mm256_setzero_ps(); CH];
-                for (c, v) in qv.iter_mut().enumerate() {
-                    // SAFETY: `qh` holds `8·CH` f32s.
-                    *v = unsafe { load(qh.as_ptr().add(8 * c)) };
-                }
-                let qh = &qv;
-                let row = &mut scratch.scores[h * ctx..(h + 1) * ctx];
-                let mut j = s0;
-                while j + 4 <= end {
-                    let r = &ptrs[j - s0..j - s0 + 4];
-                    // SAFETY: each pointer reads `8·CH` f32s (`f32_rows`).
-                    let v = unsafe {
-                        let p = |i: usize| partial::<f32, CH>(qh, r[i]);
-                        hsum4(p(0), p(1), p(2), p(3))
-                    };
-                    let v = _mm_mul_ps(v, _mm_set1_ps(scale));
-                    // SAFETY: `j + 4 <= end <= ctx = row.len()`; unaligned store.
-                    unsafe { _mm_storeu_ps(row.as_mut_ptr().add(j), v) };
-                    j += 4;
-                }
-                while j < end {
-                    // SAFETY: as above.
-                    let p = unsafe { partial::<f32, CH>(qh, ptrs[j - s0]) };
-                    let z = _mm256_setzero_ps();
-                    row[j] = _mm_cvtss_f32(hsum4(p, z, z, z)) * scale;
-                    j += 1;
-                }
-            }
-        }
-        for h in 0..group {
-            normalize(&mut scratch.scores[h * ctx..(h + 1) * ctx], softcap);
-        }
-        // Each head's running sums go to memory between spans: the same additions in the same
-        // order as keeping them in registers throughout.
-        scratch.acc.clear();
-        scratch.acc.resize(group * hd, 0.0);
-        for s0 in (0..ctx).step_by(span) {
-            let end = (s0 + span).min(ctx);
-            // SAFETY: as above.
-            unsafe {
-                f32_rows::<T, CH>(
-                    mem,
-                    &scratch.rows[s0..end],
-                    true,
-                    &mut scratch.wide,
-                    &mut ptrs,
-                )
-            };
-            for h in 0..group {
-                let row = &scratch.scores[h * ctx + s0..h * ctx + end];
-                let sums = &mut scratch.acc[h * hd..(h + 1) * hd];
-                let mut acc = [_mm256_setzero_ps(); CH];
-                for (c, a) in acc.iter_mut().enumerate() {
-                    // SAFETY: `sums` holds `8·CH` f32s.
-                    *a = unsafe { load(sums.as_ptr().add(8 * c)) };
-                }
-                for (&w, &v) in row.iter().zip(&ptrs[..end - s0]) {
-                    let w = _mm256_set1_ps(w);
-                    for (c, a) in acc.iter_mut().enumerate() {
-                        // SAFETY: each pointer reads `8·CH` f32s (`f32_rows`).
-                        let x = unsafe { load(v.add(8 * c)) };
-                        *a = _mm256_add_ps(*a, _mm256_mul_ps(w, x));
-                    }
-                }
-                for (c, a) in acc.iter().enumerate() {
-                    // SAFETY: `sums` holds `8·CH` f32s; unaligned store.
-                    unsafe { _mm256_storeu_ps(sums.as_mut_ptr().add(8 * c), *a) };
-                }
-            }
-        }
-        gr.out.copy_from_slice(&scratch.acc);
+fn run_ch<T: Lanes, const CH: usize>(a: &Attend<'_>, items: &[Item], part: &mut Part) {
+    let mut wide = std::mem::take(&mut part.wide);
+    let mut kernel = Kernel::<T, CH> {
+        mem: a.mem::<T>(),
+        wide: &mut wide,
+        ptrs: [std::ptr::null(); TILE],
+    };
+    a.each_item(items, part, |a, it, st, out| {
+        tile::item::<T>(a, it.tokens.clone(), it.kv_head, &mut kernel, st, out)
     });
+    part.wide = wide;
+}
+
+/// The loaded tile: where each of its rows can be read as `8·CH` f32s.
+struct Kernel<'a, T, const CH: usize> {
+    mem: &'a [T],
+    wide: &'a mut Vec<f32>,
+    ptrs: [*const f32; TILE],
+}
+
+impl<T: Lanes, const CH: usize> TileKernel for Kernel<'_, T, CH> {
+    #[inline(always)]
+    fn prefetch(&self, rows: &[(usize, usize)]) {
+        let bytes = 8 * CH * std::mem::size_of::<T>() / T::ELEMS;
+        for &(k, v) in rows {
+            for at in [k, v] {
+                let row = self.mem.as_ptr().wrapping_add(at).cast::<i8>();
+                for line in (0..bytes).step_by(64) {
+                    // SAFETY: a prefetch is a hint and never faults; SSE is in the baseline.
+                    unsafe { _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(line)) };
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn load(&mut self, rows: &[(usize, usize)], value: bool) {
+        assert!(rows.len() <= TILE);
+        // SAFETY: `kv_rows` checked every offset against the pool; the kernel runs only where
+        // `run` found AVX2, FMA and F16C.
+        unsafe { f32_rows::<T, CH>(self.mem, rows, value, self.wide, &mut self.ptrs) }
+    }
+
+    #[inline(always)]
+    fn scores(&self, q: &[f32], js: Range<usize>, scale: f32, s: &mut [f32], base: usize) {
+        let hd = 8 * CH;
+        let heads = q.len() / hd;
+        assert!(js.end <= TILE && s.len() >= heads * TILE && base + js.end <= TILE);
+        let mut h = 0;
+        while h < heads {
+            let two = h + 1 < heads;
+            let q0 = q[h * hd..].as_ptr();
+            let q1 = if two { q[(h + 1) * hd..].as_ptr() } else { q0 };
+            let s0 = s[h * TILE + base..].as_mut_ptr();
+            let s1 = if two {
+                s[(h + 1) * TILE + base..].as_mut_ptr()
+            } else {
+                s0
+            };
+            // SAFETY: `q0`/`q1` start `8·CH`-f32 rows of `q`, `s0`/`s1` rows with `js.end`
+            // writable f32s (asserted); the loaded pointers read `8·CH` f32s (`load`); the CPU
+            // features as in `load`. With one head left, `q1 = q0` and `s1 = s0`: the second
+            // head's writes repeat the first's values.
+            unsafe { scores2::<CH>(&self.ptrs, js.clone(), scale, [q0, q1], [s0, s1]) };
+            h += 2;
+        }
+    }
+
+    #[inline(always)]
+    fn accumulate(&self, p: &[f32], base: usize, js: Range<usize>, acc: &mut [f32]) {
+        let hd = 8 * CH;
+        let heads = acc.len() / hd;
+        assert!(js.end <= TILE && p.len() >= heads * TILE && base + js.end <= TILE);
+        let mut h = 0;
+        while h < heads {
+            let w0 = &p[h * TILE + base..][..js.end];
+            let a0 = acc[h * hd..].as_mut_ptr();
+            if h + 1 < heads {
+                let w1 = &p[(h + 1) * TILE + base..][..js.end];
+                let a1 = acc[(h + 1) * hd..].as_mut_ptr();
+                // SAFETY: `a0`/`a1` start distinct `8·CH`-f32 rows of `acc`; the loaded
+                // pointers read `8·CH` f32s (`load`); the CPU features as in `load`.
+                unsafe { accumulate2::<CH>(&self.ptrs, js.clone(), [w0, w1], [a0, a1]) };
+            } else {
+                // SAFETY: as above, for one row.
+                unsafe { accumulate1::<CH>(&self.ptrs, js.clone(), w0, a0) };
+            }
+            h += 2;
+        }
+    }
+}
+
+/// The scores of two query heads (`q`, rows of `8·CH`) over the loaded key rows `js`, into
+/// `s[r][j]`: four positions at a time, each key chunk loaded once for both heads.
+///
+/// # Safety
+/// `q[r]` must point to `8·CH` readable f32s, `s[r]` to `js.end` writable ones, and `ptrs[j]`
+/// for `j` in `js` to `8·CH` readable f32s; the CPU must have AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn scores2<const CH: usize>(
+    ptrs: &[*const f32; TILE],
+    js: Range<usize>,
+    scale: f32,
+    q: [*const f32; 2],
+    s: [*mut f32; 2],
+) {
+    let sc = _mm_set1_ps(scale);
+    let mut j = js.start;
+    // SAFETY (the whole body): guaranteed by the caller; unaligned loads and stores.
+    unsafe {
+        while j + 4 <= js.end {
+            let mut acc = [[_mm256_setzero_ps(); 4]; 2];
+            for c in 0..CH {
+                let qv = [load(q[0].add(8 * c)), load(q[1].add(8 * c))];
+                for (i, &k) in ptrs[j..j + 4].iter().enumerate() {
+                    let k = load(k.add(8 * c));
+                    acc[0][i] = _mm256_add_ps(acc[0][i], _mm256_mul_ps(qv[0], k));
+                    acc[1][i] = _mm256_add_ps(acc[1][i], _mm256_mul_ps(qv[1], k));
+                }
+            }
+            for (r, a) in acc.iter().enumerate() {
+                let v = _mm_mul_ps(hsum4(a[0], a[1], a[2], a[3]), sc);
+                _mm_storeu_ps(s[r].add(j), v);
+            }
+            j += 4;
+        }
+        while j < js.end {
+            let mut acc = [_mm256_setzero_ps(); 2];
+            for c in 0..CH {
+                let k = load(ptrs[j].add(8 * c));
+                acc[0] = _mm256_add_ps(acc[0], _mm256_mul_ps(load(q[0].add(8 * c)), k));
+                acc[1] = _mm256_add_ps(acc[1], _mm256_mul_ps(load(q[1].add(8 * c)), k));
+            }
+            let z = _mm256_setzero_ps();
+            for (r, a) in acc.iter().enumerate() {
+                *s[r].add(j) = _mm_cvtss_f32(hsum4(*a, z, z, z)) * scale;
+            }
+            j += 1;
+        }
+    }
+}
+
+/// `acc[r] += w[r][j] · v_j` for two heads over the loaded value rows `js` in order, four
+/// chunks (32 elements) of both rows in registers at a time.
+///
+/// # Safety
+/// `acc[r]` must point to `8·CH` writable f32s (distinct rows), and `ptrs[j]` for `j` in `js`
+/// to `8·CH` readable f32s; `w[r]` must hold `js.end` weights; the CPU must have AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn accumulate2<const CH: usize>(
+    ptrs: &[*const f32; TILE],
+    js: Range<usize>,
+    w: [&[f32]; 2],
+    acc: [*mut f32; 2],
+) {
+    // SAFETY (the whole body): guaranteed by the caller; unaligned loads and stores.
+    unsafe {
+        for c0 in (0..CH).step_by(4) {
+            let mut a = [[_mm256_setzero_ps(); 4]; 2];
+            for (r, a) in a.iter_mut().enumerate() {
+                for (i, a) in a.iter_mut().enumerate() {
+                    *a = load(acc[r].add(8 * (c0 + i)));
+                }
+            }
+            for j in js.clone() {
+                let (w0, w1) = (_mm256_set1_ps(w[0][j]), _mm256_set1_ps(w[1][j]));
+                let [a0, a1] = &mut a;
+                for (i, (a0, a1)) in a0.iter_mut().zip(a1.iter_mut()).enumerate() {
+                    let v = load(ptrs[j].add(8 * (c0 + i)));
+                    *a0 = _mm256_add_ps(*a0, _mm256_mul_ps(w0, v));
+                    *a1 = _mm256_add_ps(*a1, _mm256_mul_ps(w1, v));
+                }
+            }
+            for (r, a) in a.iter().enumerate() {
+                for (i, a) in a.iter().enumerate() {
+                    _mm256_storeu_ps(acc[r].add(8 * (c0 + i)), *a);
+                }
+            }
+        }
+    }
+}
+
+/// [`accumulate2`] for one head.
+///
+/// # Safety
+/// As for [`accumulate2`], for one row.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn accumulate1<const CH: usize>(
+    ptrs: &[*const f32; TILE],
+    js: Range<usize>,
+    w: &[f32],
+    acc: *mut f32,
+) {
+    // SAFETY (the whole body): guaranteed by the caller; unaligned loads and stores.
+    unsafe {
+        for c0 in (0..CH).step_by(4) {
+            let mut a = [_mm256_setzero_ps(); 4];
+            for (i, a) in a.iter_mut().enumerate() {
+                *a = load(acc.add(8 * (c0 + i)));
+            }
+            for j in js.clone() {
+                let w = _mm256_set1_ps(w[j]);
+                for (i, a) in a.iter_mut().enumerate() {
+                    let v = load(ptrs[j].add(8 * (c0 + i)));
+                    *a = _mm256_add_ps(*a, _mm256_mul_ps(w, v));
+                }
+            }
+            for (i, a) in a.iter().enumerate() {
+                _mm256_storeu_ps(acc.add(8 * (c0 + i)), *a);
+            }
+        }
+    }
 }
