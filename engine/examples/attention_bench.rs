@@ -3,7 +3,8 @@
 //! the end of a long context, per KV type: the part of a long-context step that grows with the
 //! context.
 //!
-//! `cargo run --release -p cleave-engine --example attention_bench [CONTEXT] [HEAD_DIM] [THREADS]`
+//! `cargo run --release -p cleave-engine --example attention_bench [CONTEXT] [HEAD_DIM] [THREADS]
+//! [KV_DTYPE]` (every KV type when none is named)
 
 use std::time::Instant;
 
@@ -17,7 +18,11 @@ fn main() {
     let (ctx, hd, threads) = (arg(1, 4096), arg(2, 64), arg(3, 1));
     let threads = Threads::new(threads);
     let (n_heads, n_kv) = (32, 8);
+    let only = std::env::args().nth(4);
     for dtype in KvDtype::ALL {
+        if only.as_deref().is_some_and(|o| o != dtype.as_str()) {
+            continue;
+        }
         let layout = KvLayout {
             n_layers: 1,
             n_kv_heads: n_kv,

@@ -80,6 +80,8 @@ impl AttnParams {
 #[derive(Default)]
 pub struct AttnScratch {
     parts: Vec<Part>,
+    /// Each query row's max score, then its sum of weights, while segments are merged.
+    ml: Vec<f32>,
 }
 
 /// One thread's scratch space.
@@ -97,11 +99,12 @@ struct Part {
 const THREADED_PAIRS: usize = 1 << 14;
 
 /// One work item: consecutive batch tokens of one sequence (at consecutive positions) through
-/// one kv head.
+/// one kv head, over the positions of one segment.
 #[derive(Clone, Debug, PartialEq)]
 struct Item {
     tokens: std::ops::Range<usize>,
     kv_head: usize,
+    segment: std::ops::Range<usize>,
 }
 
 /// Causal attention of every batch token over its sequence's cached positions `0..=pos` (the
@@ -144,8 +147,21 @@ pub fn attend(
         .collect();
     let a = &a;
     threads.run(jobs, |(items, part)| a.run(items, part));
+    // Every item's partial rows, merged into their query rows in item (and so segment) order.
+    let rows = slots.len() * n_heads;
+    scratch.ml.clear();
+    scratch.ml.resize(2 * rows, 0.0);
+    let (m, l) = scratch.ml.split_at_mut(rows);
+    m.fill(f32::NEG_INFINITY);
+    out.fill(0.0);
     for (run, part) in runs.iter().zip(&scratch.parts) {
-        a.place(&items[run.clone()], &part.out, out);
+        a.merge(&items[run.clone()], &part.out, out, (m, l));
+    }
+    for (o, l) in out.chunks_exact_mut(layout.head_dim).zip(l.iter()) {
+        let inv = 1.0 / l;
+        for o in o {
+            *o *= inv;
+        }
     }
 }
 
@@ -160,6 +176,13 @@ struct Attend<'a> {
     q: &'a [f32],
     n_heads: usize,
     params: &'a AttnParams,
+}
+
+impl Item {
+    /// Its tokens, kv head and segment, as [`tile::item`] takes them.
+    fn parts(&self) -> (std::ops::Range<usize>, usize, std::ops::Range<usize>) {
+        (self.tokens.clone(), self.kv_head, self.segment.clone())
+    }
 }
 
 impl Attend<'_> {
@@ -177,7 +200,7 @@ impl Attend<'_> {
 
     /// The work items, in batch order: runs of at most [`tile::TOKENS`] tokens that follow each
     /// other in one sequence (the same block table, the next position), each through every kv
-    /// head.
+    /// head, over each [`tile::SEGMENT`] of positions the run attends to (in order).
     fn items(&self) -> Vec<Item> {
         // One sequence's tokens share its block table (each token's may end sooner).
         let follows = |a: &TokenSlot, b: &TokenSlot| {
@@ -190,10 +213,16 @@ impl Attend<'_> {
                 || t - start == tile::TOKENS
                 || !follows(&self.slots[t - 1], &self.slots[t]);
             if split {
-                items.extend((0..self.layout.n_kv_heads).map(|kv_head| Item {
-                    tokens: start..t,
-                    kv_head,
-                }));
+                let lo = self.positions(start).start;
+                let hi = self.positions(t - 1).end;
+                let seg = tile::SEGMENT;
+                for kv_head in 0..self.layout.n_kv_heads {
+                    items.extend((lo / seg..hi.div_ceil(seg)).map(|s| Item {
+                        tokens: start..t,
+                        kv_head,
+                        segment: (s * seg).max(lo)..((s + 1) * seg).min(hi),
+                    }));
+                }
                 start = t;
             }
         }
@@ -203,8 +232,15 @@ impl Attend<'_> {
     /// Contiguous runs of items of about equal cost (positions attended, plus a fixed cost per
     /// token), at most `n` of them; one run when the call is too small to share.
     fn split(&self, items: &[Item], n: usize) -> Vec<std::ops::Range<usize>> {
-        let cost =
-            |it: &Item| -> usize { it.tokens.clone().map(|t| self.positions(t).len() + 8).sum() };
+        let cost = |it: &Item| -> usize {
+            let seg = &it.segment;
+            (it.tokens.clone())
+                .map(|t| {
+                    let r = self.positions(t);
+                    r.end.min(seg.end).saturating_sub(r.start.max(seg.start)) + 8
+                })
+                .sum()
+        };
         let total: usize = items.iter().map(cost).sum();
         let group = self.n_heads / self.layout.n_kv_heads;
         if n <= 1 || items.len() < 2 || total * group < THREADED_PAIRS {
@@ -225,24 +261,35 @@ impl Attend<'_> {
         runs
     }
 
-    /// Copies the outputs of `items` (each token's `group · head_dim` rows, item by item, as
-    /// [`Attend::run`] leaves them) to their tokens' places in `out`.
-    fn place(&self, items: &[Item], rows: &[f32], out: &mut [f32]) {
-        let gw = self.n_heads / self.layout.n_kv_heads * self.layout.head_dim;
-        let mut src = rows.chunks_exact(gw);
+    /// Merges the partial rows of `items` (each token's `group` rows of `head_dim + 2`, item by
+    /// item, as [`Attend::run`] leaves them) into their query rows' weighted sums in `out` and
+    /// maxima and sums of weights in `m` and `l` (see [`tile::merge`]).
+    fn merge(
+        &self,
+        items: &[Item],
+        rows: &[f32],
+        out: &mut [f32],
+        (m, l): (&mut [f32], &mut [f32]),
+    ) {
+        let (hd, group) = (self.layout.head_dim, self.n_heads / self.layout.n_kv_heads);
+        let mut src = rows.chunks_exact(hd + 2);
         for it in items {
             for t in it.tokens.clone() {
-                let at = (t * self.layout.n_kv_heads + it.kv_head) * gw;
-                out[at..at + gw].copy_from_slice(src.next().expect("one row per token"));
+                for h in 0..group {
+                    let r = t * self.n_heads + it.kv_head * group + h;
+                    let part = src.next().expect("one row per query row");
+                    tile::merge(&mut out[r * hd..][..hd], (&mut m[r], &mut l[r]), part);
+                }
             }
         }
     }
 
-    /// Computes `items` into `part.out` (each token's `group · head_dim` rows, item by item).
+    /// Computes `items` into `part.out` (each token's `group` partial rows of `head_dim + 2`,
+    /// item by item).
     fn run(&self, items: &[Item], part: &mut Part) {
-        let gw = self.n_heads / self.layout.n_kv_heads * self.layout.head_dim;
+        let w = self.n_heads / self.layout.n_kv_heads * (self.layout.head_dim + 2);
         let rows: usize = items.iter().map(|it| it.tokens.len()).sum();
-        part.out.resize(rows * gw, 0.0);
+        part.out.resize(rows * w, 0.0);
         #[cfg(target_arch = "x86_64")]
         if has_avx2() {
             // SAFETY: the CPU supports AVX2, FMA and F16C (checked at run time just above).
@@ -278,7 +325,7 @@ impl Attend<'_> {
             rows: Vec::new(),
         };
         self.each_item(items, part, |a, it, st, out| {
-            tile::item::<T>(a, it.tokens.clone(), it.kv_head, &mut kernel, st, out)
+            tile::item::<T>(a, it.parts(), &mut kernel, st, out)
         });
     }
 
@@ -290,10 +337,10 @@ impl Attend<'_> {
         part: &mut Part,
         mut f: impl FnMut(&Self, &Item, &mut tile::State, &mut [f32]),
     ) {
-        let gw = self.n_heads / self.layout.n_kv_heads * self.layout.head_dim;
+        let w = self.n_heads / self.layout.n_kv_heads * (self.layout.head_dim + 2);
         let mut rest = &mut part.out[..];
         for it in items {
-            let (mine, tail) = std::mem::take(&mut rest).split_at_mut(it.tokens.len() * gw);
+            let (mine, tail) = std::mem::take(&mut rest).split_at_mut(it.tokens.len() * w);
             rest = tail;
             f(self, it, &mut part.state, mine);
         }
@@ -615,9 +662,16 @@ mod tests {
                 let items = a.items();
                 let mut part = Part::default();
                 let rows: usize = items.iter().map(|it| it.tokens.len()).sum();
-                part.out.resize(rows * n_heads * hd / lay.n_kv_heads, 0.0);
+                part.out
+                    .resize(rows * n_heads * (hd + 2) / lay.n_kv_heads, 0.0);
                 a.run_portable(&items, &mut part);
-                a.place(&items, &part.out, &mut slow);
+                let mut ml = vec![0.0; 2 * slots.len() * n_heads];
+                let (m, l) = ml.split_at_mut(slots.len() * n_heads);
+                m.fill(f32::NEG_INFINITY);
+                a.merge(&items, &part.out, &mut slow, (m, l));
+                for (o, l) in slow.chunks_exact_mut(hd).zip(l.iter()) {
+                    o.iter_mut().for_each(|o| *o *= 1.0 / l);
+                }
                 for (i, (a, b)) in fast.iter().zip(&slow).enumerate() {
                     assert_eq!(
                         a.to_bits(),
@@ -690,24 +744,27 @@ mod tests {
     }
 
     /// Attention split over threads gives the bits of one thread, for a prefill-like batch (one
-    /// sequence's 40 consecutive tokens) and a decode-like batch of one token at a context long
-    /// enough to be split, on every cache type.
+    /// sequence's 40 consecutive tokens) and a decode-like batch of one token through one kv
+    /// head (split by segments of positions only), at a context of three segments, on every cache
+    /// type; the last token agrees with dense attention over all its positions.
     #[test]
     fn threaded_attention_is_bit_identical_to_one_thread() {
         for dtype in KvDtype::ALL {
             let lay = KvLayout {
                 n_layers: 1,
-                n_kv_heads: 2,
+                n_kv_heads: 1,
                 head_dim: 64,
                 block_size: 16,
                 dtype,
             };
-            let blocks: Vec<BlockId> = (0..80).map(|b| BlockId((b * 7) % 80)).collect();
-            let mut cache = KvCache::on_heap(lay, 80);
+            let blocks: Vec<BlockId> = (0..160).map(|b| BlockId((b * 7) % 160)).collect();
+            let mut cache = KvCache::on_heap(lay, 160);
             let val = |p: usize, i: usize| (((p * 53 + i * 29) % 61) as f32 - 30.0) * 0.01;
-            let len = 1200;
-            fill(&mut cache, 0, &blocks, len, val, |p, i| val(p, i + 11));
-            let n_heads = 16;
+            let len = 2500;
+            // Keys grow along the sequence: each segment's largest score differs.
+            let key = |p: usize, i: usize| val(p, i) * (1.0 + p as f32 / 500.0);
+            fill(&mut cache, 0, &blocks, len, key, |p, i| val(p, i + 11));
+            let n_heads = 8;
             for positions in [(len - 40..len).collect::<Vec<_>>(), vec![len - 1]] {
                 let slots = slots_at(&positions, &blocks);
                 let q: Vec<f32> = (0..slots.len() * n_heads * 64)
@@ -731,6 +788,27 @@ mod tests {
                     (out, scratch.parts.len())
                 };
                 let (one, _) = run(&Threads::single());
+                if dtype == KvDtype::F32 {
+                    // Segments merged: still attention over all 2,500 positions.
+                    let t = slots.len() - 1;
+                    let rows = |f: &dyn Fn(usize, usize) -> f32| -> Vec<Vec<f32>> {
+                        (0..len)
+                            .map(|p| (0..64).map(|i| f(p, i)).collect())
+                            .collect()
+                    };
+                    let (ks, vs) = (rows(&key), rows(&|p, i| val(p, i + 11)));
+                    let w = n_heads * 64;
+                    let want = reference(
+                        &q[t * w..(t + 1) * w],
+                        (&ks, &vs),
+                        n_heads,
+                        (64, 1),
+                        (params.scale as f64, None),
+                    );
+                    for (a, b) in one[t * w..(t + 1) * w].iter().zip(&want) {
+                        assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+                    }
+                }
                 for t in [2, 3] {
                     let (many, parts) = run(&Threads::new(t));
                     assert!(parts > 1, "{dtype:?}: {} tokens ran unsplit", slots.len());

@@ -149,7 +149,7 @@ fn run_ch<T: Lanes, const CH: usize>(a: &Attend<'_>, items: &[Item], part: &mut 
         ptrs: [std::ptr::null(); TILE],
     };
     a.each_item(items, part, |a, it, st, out| {
-        tile::item::<T>(a, it.tokens.clone(), it.kv_head, &mut kernel, st, out)
+        tile::item::<T>(a, it.parts(), &mut kernel, st, out)
     });
     part.wide = wide;
 }

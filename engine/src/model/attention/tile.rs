@@ -1,5 +1,5 @@
 //! One work item of attention — up to [`TOKENS`] consecutive tokens of one sequence through one
-//! kv head — over the paged cache, [`TILE`] positions at a time with a running (online)
+//! kv head, over one segment of [`SEGMENT`] positions — over the paged cache, [`TILE`] positions at a time with a running (online)
 //! softmax, as flash attention does: no row of scores as long as the context is ever held, and
 //! each tile's key and value rows are read (and widened) once for every query row of the item.
 //!
@@ -16,9 +16,14 @@ use super::{exp_nonpositive, kv_rows, Attend, KvElem};
 /// Positions per tile: tiles start at multiples of this in the sequence.
 pub(super) const TILE: usize = 32;
 
+/// Positions per segment: a query row's positions are cut into segments at multiples of this,
+/// each computed on its own (possibly on different threads, so that one long sequence spreads
+/// over every thread) and merged in order ([`merge`]).
+pub(super) const SEGMENT: usize = 1024;
+
 /// At most this many consecutive tokens of one sequence share a work item, and so one reading
 /// of each tile.
-pub(super) const TOKENS: usize = 8;
+pub(super) const TOKENS: usize = 32;
 
 /// What a kernel does with one tile's rows. The portable kernel and the SIMD ones do the same
 /// float operations in the same order (see [`dot`] and [`axpy`]), so their results agree bit
@@ -56,12 +61,13 @@ pub(super) struct State {
 }
 
 /// Computes the item of `tokens` (consecutive batch tokens of one sequence, at consecutive
-/// positions) through kv head `g` into `out` (each token's `group · head_dim` output rows, in
-/// token order).
+/// positions) through kv head `g` over the positions in `seg` into `out`: for each token's
+/// `group` query rows in order, a [`partial`] row of `head_dim + 2` — the weighted sum of value
+/// rows, then the max score and the sum of weights it is relative to (−∞ and 0 for a row with
+/// no position in `seg`).
 pub(super) fn item<T: KvElem>(
     a: &Attend<'_>,
-    tokens: Range<usize>,
-    g: usize,
+    (tokens, g, seg): (Range<usize>, usize, Range<usize>),
     kernel: &mut impl TileKernel,
     st: &mut State,
     out: &mut [f32],
@@ -77,9 +83,20 @@ pub(super) fn item<T: KvElem>(
     st.l.resize(rows, 0.0);
     st.acc.clear();
     st.acc.resize(rows * hd, 0.0);
-    let spans: Vec<Range<usize>> = tokens.clone().map(|t| a.positions(t)).collect();
-    let lo = spans.iter().map(|r| r.start).min().unwrap_or(0);
+    let spans: Vec<Range<usize>> = (tokens.clone())
+        .map(|t| {
+            let r = a.positions(t);
+            let start = r.start.max(seg.start);
+            start..r.end.min(seg.end).max(start)
+        })
+        .collect();
+    let lo = spans
+        .iter()
+        .filter(|r| !r.is_empty())
+        .map(|r| r.start)
+        .min();
     let hi = spans.iter().map(|r| r.end).max().unwrap_or(0);
+    let lo = lo.unwrap_or(hi);
     let pool_len = a.mem::<T>().len();
     // The last token's table covers every position of the item.
     let slot = &a.slots[tokens.end - 1];
@@ -145,15 +162,34 @@ pub(super) fn item<T: KvElem>(
         }
     }
     for (r, (o, acc)) in out
-        .chunks_exact_mut(hd)
+        .chunks_exact_mut(hd + 2)
         .zip(st.acc.chunks_exact(hd))
         .enumerate()
     {
-        let inv = 1.0 / st.l[r];
-        for (o, a) in o.iter_mut().zip(acc) {
-            *o = a * inv;
-        }
+        o[..hd].copy_from_slice(acc);
+        o[hd] = st.m[r];
+        o[hd + 1] = st.l[r];
     }
+}
+
+/// Folds a query row's partial result over one segment of positions (`head_dim` weighted
+/// sums, the max score and the sum of weights, as [`item`] writes them) into the row's result
+/// so far (`acc`, `m`, `l`, starting from 0, −∞ and 0), segment after segment in order. With
+/// one segment, the result is that segment's exactly (scaled by `e^0 = 1`, added to 0).
+#[inline(always)]
+pub(super) fn merge(acc: &mut [f32], (m, l): (&mut f32, &mut f32), part: &[f32]) {
+    let hd = acc.len();
+    let (pm, pl) = (part[hd], part[hd + 1]);
+    if pm == f32::NEG_INFINITY {
+        return;
+    }
+    let max = m.max(pm);
+    let (f, pf) = (exp_nonpositive(*m - max), exp_nonpositive(pm - max));
+    *l = *l * f + pl * pf;
+    for (a, p) in acc.iter_mut().zip(&part[..hd]) {
+        *a = *a * f + p * pf;
+    }
+    *m = max;
 }
 
 /// Folds one tile of one query row into its running softmax: soft-caps (when asked) the scores
