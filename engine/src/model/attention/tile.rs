@@ -207,16 +207,19 @@ fn update(
     if let Some(cap) = softcap {
         super::super::ops::softcap(&mut row[valid.clone()], cap);
     }
-    let top = row[valid.clone()]
-        .iter()
-        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    // Positions outside `valid` hold no score of this row: −∞ weighs 0 (`e^−∞`).
+    row[..valid.start].fill(f32::NEG_INFINITY);
+    row[valid.end..].fill(f32::NEG_INFINITY);
+    let mut tops = [f32::NEG_INFINITY; 8];
+    for c in row.chunks_exact(8) {
+        for i in 0..8 {
+            tops[i] = tops[i].max(c[i]);
+        }
+    }
+    let top = tops.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
     let max = m.max(top);
-    for (j, v) in row.iter_mut().enumerate() {
-        *v = if valid.contains(&j) {
-            exp_nonpositive(*v - max)
-        } else {
-            0.0
-        };
+    for v in row.iter_mut() {
+        *v = exp_nonpositive(*v - max);
     }
     let mut lanes = [0.0f32; 8];
     for c in row.chunks_exact(8) {
