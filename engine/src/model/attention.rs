@@ -7,6 +7,8 @@ use crate::kv::BlockId;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod tile;
 
 /// Where one batch token's keys and values go and what it may attend to.
@@ -291,20 +293,30 @@ impl Attend<'_> {
         let rows: usize = items.iter().map(|it| it.tokens.len()).sum();
         part.out.resize(rows * w, 0.0);
         #[cfg(target_arch = "x86_64")]
-        if has_avx2() {
-            // SAFETY: the CPU supports AVX2, FMA and F16C (checked at run time just above).
-            let done = unsafe {
-                match self.layout.dtype {
-                    KvDtype::F32 => avx2::run::<f32>(self, items, part),
-                    KvDtype::F16 => avx2::run::<half::f16>(self, items, part),
-                    KvDtype::Q8_0 => avx2::run::<Q8Block>(self, items, part),
-                }
-            };
-            if done {
+        for simd in [Simd::Avx512, Simd::Avx2] {
+            if simd.available() && self.run_simd(simd, items, part) {
                 return;
             }
         }
         self.run_portable(items, part);
+    }
+
+    /// [`Attend::run`] with the `simd` kernel (which the CPU must have): false when it has no
+    /// kernel for this head size.
+    #[cfg(target_arch = "x86_64")]
+    fn run_simd(&self, simd: Simd, items: &[Item], part: &mut Part) -> bool {
+        assert!(simd.available());
+        // SAFETY: the CPU has the kernel's features (asserted just above).
+        unsafe {
+            match (simd, self.layout.dtype) {
+                (Simd::Avx512, KvDtype::F32) => avx512::run::<f32>(self, items, part),
+                (Simd::Avx512, KvDtype::F16) => avx512::run::<half::f16>(self, items, part),
+                (Simd::Avx512, KvDtype::Q8_0) => avx512::run::<Q8Block>(self, items, part),
+                (Simd::Avx2, KvDtype::F32) => avx2::run::<f32>(self, items, part),
+                (Simd::Avx2, KvDtype::F16) => avx2::run::<half::f16>(self, items, part),
+                (Simd::Avx2, KvDtype::Q8_0) => avx2::run::<Q8Block>(self, items, part),
+            }
+        }
     }
 
     /// [`Attend::run`] with the portable kernel.
@@ -372,6 +384,38 @@ fn kv_rows(
         );
         rows.push((k, v));
     }
+}
+
+/// The SIMD kernels, fastest first.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, Debug)]
+enum Simd {
+    /// AVX512F, VL and DQ (with AVX2, FMA and F16C).
+    Avx512,
+    /// AVX2, FMA and F16C.
+    Avx2,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Simd {
+    /// Whether this CPU has the kernel's features.
+    fn available(self) -> bool {
+        match self {
+            Simd::Avx512 => has_avx512(),
+            Simd::Avx2 => has_avx2(),
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn has_avx512() -> bool {
+    static AVX512: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVX512.get_or_init(|| {
+        has_avx2()
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512dq")
+    })
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -603,13 +647,17 @@ mod tests {
         }
     }
 
-    /// The SIMD path (F32, F16 and Q8_0 caches, head_dim 32/64/128 on AVX2 machines) gives the same
-    /// bits as the portable code, for several context lengths (partial blocks, tails of < 4
-    /// positions).
+    /// Each SIMD kernel this CPU has (AVX-512, AVX2) gives the portable kernel's bits: F32, F16
+    /// and Q8_0 caches, head_dim 32/64/128/256, 3 and 5 query heads per kv head, plain and
+    /// windowed soft-capped attention, at positions that start, end and cross tiles (partial
+    /// groups of 4 and 8 positions).
     #[test]
     fn simd_attention_is_bit_identical_to_portable() {
-        let cases = [32, 64, 128].map(|hd| KvDtype::ALL.map(|d| (hd, d)));
-        for (hd, dtype) in cases.into_iter().flatten() {
+        let cases = [32, 64, 128, 256].map(|hd| KvDtype::ALL.map(|d| (hd, d)));
+        // Groups of 3 and 5 query heads per kv head: every remainder of the kernels' head
+        // blocks.
+        let cases = cases.into_iter().flatten().flat_map(|c| [(c, 9), (c, 15)]);
+        for ((hd, dtype), n_heads) in cases {
             let lay = KvLayout {
                 n_layers: 2,
                 n_kv_heads: 3,
@@ -623,7 +671,6 @@ mod tests {
             let val = |p: usize, i: usize, s: f32| (((p * 131 + i * 71) % 97) as f32 - 48.0) * s;
             let (k, v) = (|p, i| val(p, i, 0.013), |p, i| val(p, i + 5, 0.021));
             fill(&mut cache, 1, &blocks, 150, k, v);
-            let n_heads = 9;
             let positions = [
                 0, 1, 2, 3, 4, 5, 15, 16, 17, 31, 38, 52, 64, 65, 100, 129, 149,
             ];
@@ -637,19 +684,6 @@ mod tests {
                 window: Some(19),
             };
             for params in [AttnParams::plain(hd), windowed] {
-                let mut fast = vec![0.0; q.len()];
-                let mut slow = vec![0.0; q.len()];
-                attend(
-                    &cache,
-                    1,
-                    &slots,
-                    &q,
-                    n_heads,
-                    &params,
-                    &mut fast,
-                    &mut AttnScratch::default(),
-                    &Threads::single(),
-                );
                 let a = Attend {
                     layout: lay,
                     region: cache.region(),
@@ -659,28 +693,52 @@ mod tests {
                     n_heads,
                     params: &params,
                 };
-                let items = a.items();
-                let mut part = Part::default();
-                let rows: usize = items.iter().map(|it| it.tokens.len()).sum();
-                part.out
-                    .resize(rows * n_heads * (hd + 2) / lay.n_kv_heads, 0.0);
-                a.run_portable(&items, &mut part);
-                let mut ml = vec![0.0; 2 * slots.len() * n_heads];
-                let (m, l) = ml.split_at_mut(slots.len() * n_heads);
-                m.fill(f32::NEG_INFINITY);
-                a.merge(&items, &part.out, &mut slow, (m, l));
-                for (o, l) in slow.chunks_exact_mut(hd).zip(l.iter()) {
-                    o.iter_mut().for_each(|o| *o *= 1.0 / l);
-                }
-                for (i, (a, b)) in fast.iter().zip(&slow).enumerate() {
-                    assert_eq!(
-                        a.to_bits(),
-                        b.to_bits(),
-                        "hd {hd} {dtype:?} {params:?} element {i}: {a} vs {b}"
-                    );
+                let portable = run_with(&a, |a, items, part| {
+                    a.run_portable(items, part);
+                    true
+                });
+                #[cfg(target_arch = "x86_64")]
+                for simd in [Simd::Avx512, Simd::Avx2] {
+                    if !simd.available() {
+                        eprintln!("SKIPPED: this CPU has no {simd:?}; its kernel is not compared");
+                        continue;
+                    }
+                    let fast = run_with(&a, |a, items, part| a.run_simd(simd, items, part));
+                    for (i, (a, b)) in fast.iter().zip(&portable).enumerate() {
+                        assert_eq!(
+                            a.to_bits(),
+                            b.to_bits(),
+                            "{simd:?} hd {hd} {dtype:?} {n_heads} heads {params:?} element {i}: \
+                             {a} vs {b}"
+                        );
+                    }
                 }
             }
         }
+    }
+
+    /// The output of [`attend`] for `a`, with `kernel` running its items on one thread (it
+    /// must have a kernel for the head size).
+    fn run_with(
+        a: &Attend<'_>,
+        kernel: impl Fn(&Attend<'_>, &[Item], &mut Part) -> bool,
+    ) -> Vec<f32> {
+        let (hd, kv) = (a.layout.head_dim, a.layout.n_kv_heads);
+        let items = a.items();
+        let mut part = Part::default();
+        let rows: usize = items.iter().map(|it| it.tokens.len()).sum();
+        part.out.resize(rows * a.n_heads / kv * (hd + 2), 0.0);
+        assert!(kernel(a, &items, &mut part), "no kernel for head size {hd}");
+        let n = a.slots.len() * a.n_heads;
+        let mut out = vec![0.0; n * hd];
+        let mut ml = vec![0.0; 2 * n];
+        let (m, l) = ml.split_at_mut(n);
+        m.fill(f32::NEG_INFINITY);
+        a.merge(&items, &part.out, &mut out, (m, l));
+        for (o, l) in out.chunks_exact_mut(hd).zip(l.iter()) {
+            o.iter_mut().for_each(|o| *o *= 1.0 / l);
+        }
+        out
     }
 
     /// A token's output does not depend on which tokens share its call: 40 consecutive tokens of

@@ -177,7 +177,7 @@ impl<T: Lanes, const CH: usize> TileKernel for Kernel<'_, T, CH> {
     }
 
     #[inline(always)]
-    fn load(&mut self, rows: &[(usize, usize)], value: bool) {
+    fn load(&mut self, rows: &[(usize, usize)], _base: usize, value: bool) {
         assert!(rows.len() <= TILE);
         // SAFETY: `kv_rows` checked every offset against the pool; the kernel runs only where
         // `run` found AVX2, FMA and F16C.

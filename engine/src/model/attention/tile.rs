@@ -33,8 +33,8 @@ pub(super) trait TileKernel {
     /// portable kernel ignores it).
     fn prefetch(&self, _rows: &[(usize, usize)]) {}
     /// Makes the key (`value == false`) or value rows at the unit offsets `rows` (checked against
-    /// the pool) the tile that the next calls read.
-    fn load(&mut self, rows: &[(usize, usize)], value: bool);
+    /// the pool), which start at position `base` of the tile, the tile that the next calls read.
+    fn load(&mut self, rows: &[(usize, usize)], base: usize, value: bool);
     /// `s[h·TILE + base + j] = (q_h · k_j) · scale` for each head `h` of `q` (rows of
     /// `head_dim`) and each loaded key row `j` of `js`.
     fn scores(&self, q: &[f32], js: Range<usize>, scale: f32, s: &mut [f32], base: usize);
@@ -132,7 +132,7 @@ pub(super) fn item<T: KvElem>(
             let (s, e) = (spans[k].start.max(tile.start), spans[k].end.min(tile.end));
             (s - tile.start)..e.max(s) - tile.start
         };
-        kernel.load(&st.rows, false);
+        kernel.load(&st.rows, base, false);
         for (k, t) in tokens.clone().enumerate() {
             let js = js(k);
             if js.is_empty() {
@@ -152,7 +152,7 @@ pub(super) fn item<T: KvElem>(
                 );
             }
         }
-        kernel.load(&st.rows, true);
+        kernel.load(&st.rows, base, true);
         for k in 0..tokens.len() {
             let js = js(k);
             if !js.is_empty() {
@@ -252,7 +252,7 @@ pub(super) struct Portable<'a, T> {
 
 impl<T: KvElem> TileKernel for Portable<'_, T> {
     #[inline(always)]
-    fn load(&mut self, rows: &[(usize, usize)], value: bool) {
+    fn load(&mut self, rows: &[(usize, usize)], _base: usize, value: bool) {
         self.rows.clear();
         self.rows
             .extend(rows.iter().map(|&(k, v)| if value { v } else { k }));
