@@ -113,10 +113,11 @@ struct Item {
 /// last `window` of them for a window layer). `q` holds `n_heads * head_dim` per token; `out`
 /// receives the same shape.
 ///
-/// The work is a list of items (up to [`tile::TOKENS`] consecutive tokens of one sequence
-/// through one kv head), split into contiguous runs of about equal cost over `threads`. A
-/// query row's result depends on nothing but its query, its positions and the cache (see
-/// [`tile`]), so it is bit-identical for any thread count, batch and chunking.
+/// The work is a list of items (up to 32 consecutive tokens of one sequence through one kv
+/// head, over one segment of 1,024 positions), split into contiguous runs of about equal cost
+/// over `threads`; the segments' partial results are merged in order. Positions go by in tiles
+/// of 32 with a running softmax. A query row's result depends on nothing but its query, its
+/// positions and the cache, so it is bit-identical for any thread count, batch and chunking.
 #[allow(clippy::too_many_arguments)]
 pub fn attend(
     cache: &KvCache,

@@ -123,6 +123,22 @@ unsafe fn f32_rows<T: Lanes, const CH: usize>(
     }
 }
 
+/// Asks for the key and value rows at the unit offsets `rows` of `mem` (`8·CH` elements each) to
+/// be brought into L1: a hint, which never faults.
+#[inline(always)]
+pub(super) fn prefetch_rows<T: Lanes, const CH: usize>(mem: &[T], rows: &[(usize, usize)]) {
+    let bytes = 8 * CH * std::mem::size_of::<T>() / T::ELEMS;
+    for &(k, v) in rows {
+        for at in [k, v] {
+            let row = mem.as_ptr().wrapping_add(at).cast::<i8>();
+            for line in (0..bytes).step_by(64) {
+                // SAFETY: a prefetch is a hint and never faults; SSE is in the baseline.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(line)) };
+            }
+        }
+    }
+}
+
 /// Runs `items` with the kernel for the head size of `a`, if it has one (32, 64, 128 or 256):
 /// false when the caller must use the portable kernel.
 ///
@@ -164,16 +180,7 @@ struct Kernel<'a, T, const CH: usize> {
 impl<T: Lanes, const CH: usize> TileKernel for Kernel<'_, T, CH> {
     #[inline(always)]
     fn prefetch(&self, rows: &[(usize, usize)]) {
-        let bytes = 8 * CH * std::mem::size_of::<T>() / T::ELEMS;
-        for &(k, v) in rows {
-            for at in [k, v] {
-                let row = self.mem.as_ptr().wrapping_add(at).cast::<i8>();
-                for line in (0..bytes).step_by(64) {
-                    // SAFETY: a prefetch is a hint and never faults; SSE is in the baseline.
-                    unsafe { _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(line)) };
-                }
-            }
-        }
+        prefetch_rows::<T, CH>(self.mem, rows);
     }
 
     #[inline(always)]

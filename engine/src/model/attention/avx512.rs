@@ -13,7 +13,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::avx2::Lanes;
+use super::avx2::{prefetch_rows, Lanes};
 use super::tile::{self, TileKernel, TILE};
 use super::{Attend, Item, Part};
 
@@ -71,16 +71,7 @@ struct Kernel<'a, T, const CH: usize, const NZ: usize> {
 impl<T: Lanes, const CH: usize, const NZ: usize> TileKernel for Kernel<'_, T, CH, NZ> {
     #[inline(always)]
     fn prefetch(&self, rows: &[(usize, usize)]) {
-        let bytes = 8 * CH * std::mem::size_of::<T>() / T::ELEMS;
-        for &(k, v) in rows {
-            for at in [k, v] {
-                let row = self.mem.as_ptr().wrapping_add(at).cast::<i8>();
-                for line in (0..bytes).step_by(64) {
-                    // SAFETY: a prefetch is a hint and never faults; SSE is in the baseline.
-                    unsafe { _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(line)) };
-                }
-            }
-        }
+        prefetch_rows::<T, CH>(self.mem, rows);
     }
 
     #[inline(always)]
