@@ -150,22 +150,9 @@ pub fn attend(
         .collect();
     let a = &a;
     threads.run(jobs, |(items, part)| a.run(items, part));
-    // Every item's partial rows, merged into their query rows in item (and so segment) order.
-    let rows = slots.len() * n_heads;
-    scratch.ml.clear();
-    scratch.ml.resize(2 * rows, 0.0);
-    let (m, l) = scratch.ml.split_at_mut(rows);
-    m.fill(f32::NEG_INFINITY);
-    out.fill(0.0);
-    for (run, part) in runs.iter().zip(&scratch.parts) {
-        a.merge(&items[run.clone()], &part.out, out, (m, l));
-    }
-    for (o, l) in out.chunks_exact_mut(layout.head_dim).zip(l.iter()) {
-        let inv = 1.0 / l;
-        for o in o {
-            *o *= inv;
-        }
-    }
+    let parts = runs.iter().map(|r| &items[r.clone()]);
+    let parts = parts.zip(scratch.parts.iter().map(|p| &p.out[..]));
+    a.finish(parts, out, &mut scratch.ml);
 }
 
 /// The inputs of one [`attend`] call.
@@ -264,6 +251,32 @@ impl Attend<'_> {
         runs
     }
 
+    /// Every item's partial rows (`(items, rows)` of each run, in order, as [`Attend::run`]
+    /// leaves them) merged into their query rows in item (and so segment) order, then divided
+    /// by their sums of weights, into `out`; `ml` is scratch space.
+    fn finish<'r>(
+        &self,
+        runs: impl IntoIterator<Item = (&'r [Item], &'r [f32])>,
+        out: &mut [f32],
+        ml: &mut Vec<f32>,
+    ) {
+        let rows = self.slots.len() * self.n_heads;
+        ml.clear();
+        ml.resize(2 * rows, 0.0);
+        let (m, l) = ml.split_at_mut(rows);
+        m.fill(f32::NEG_INFINITY);
+        out.fill(0.0);
+        for (items, partial) in runs {
+            self.merge(items, partial, out, (m, l));
+        }
+        for (o, l) in out.chunks_exact_mut(self.layout.head_dim).zip(l.iter()) {
+            let inv = 1.0 / l;
+            for o in o {
+                *o *= inv;
+            }
+        }
+    }
+
     /// Merges the partial rows of `items` (each token's `group` rows of `head_dim + 2`, item by
     /// item, as [`Attend::run`] leaves them) into their query rows' weighted sums in `out` and
     /// maxima and sums of weights in `m` and `l` (see [`tile::merge`]).
@@ -290,9 +303,6 @@ impl Attend<'_> {
     /// Computes `items` into `part.out` (each token's `group` partial rows of `head_dim + 2`,
     /// item by item).
     fn run(&self, items: &[Item], part: &mut Part) {
-        let w = self.n_heads / self.layout.n_kv_heads * (self.layout.head_dim + 2);
-        let rows: usize = items.iter().map(|it| it.tokens.len()).sum();
-        part.out.resize(rows * w, 0.0);
         #[cfg(target_arch = "x86_64")]
         for simd in [Simd::Avx512, Simd::Avx2] {
             if simd.available() && self.run_simd(simd, items, part) {
@@ -342,7 +352,8 @@ impl Attend<'_> {
         });
     }
 
-    /// Calls `f` for each item with its state and its slice of `part.out`.
+    /// Calls `f` for each item with its state and its slice of `part.out` (sized here: each
+    /// token's `group` partial rows of `head_dim + 2`, item by item).
     #[inline(always)]
     fn each_item(
         &self,
@@ -351,6 +362,8 @@ impl Attend<'_> {
         mut f: impl FnMut(&Self, &Item, &mut tile::State, &mut [f32]),
     ) {
         let w = self.n_heads / self.layout.n_kv_heads * (self.layout.head_dim + 2);
+        let rows: usize = items.iter().map(|it| it.tokens.len()).sum();
+        part.out.resize(rows * w, 0.0);
         let mut rest = &mut part.out[..];
         for it in items {
             let (mine, tail) = std::mem::take(&mut rest).split_at_mut(it.tokens.len() * w);
@@ -724,21 +737,12 @@ mod tests {
         a: &Attend<'_>,
         kernel: impl Fn(&Attend<'_>, &[Item], &mut Part) -> bool,
     ) -> Vec<f32> {
-        let (hd, kv) = (a.layout.head_dim, a.layout.n_kv_heads);
+        let hd = a.layout.head_dim;
         let items = a.items();
         let mut part = Part::default();
-        let rows: usize = items.iter().map(|it| it.tokens.len()).sum();
-        part.out.resize(rows * a.n_heads / kv * (hd + 2), 0.0);
         assert!(kernel(a, &items, &mut part), "no kernel for head size {hd}");
-        let n = a.slots.len() * a.n_heads;
-        let mut out = vec![0.0; n * hd];
-        let mut ml = vec![0.0; 2 * n];
-        let (m, l) = ml.split_at_mut(n);
-        m.fill(f32::NEG_INFINITY);
-        a.merge(&items, &part.out, &mut out, (m, l));
-        for (o, l) in out.chunks_exact_mut(hd).zip(l.iter()) {
-            o.iter_mut().for_each(|o| *o *= 1.0 / l);
-        }
+        let mut out = vec![0.0; a.slots.len() * a.n_heads * hd];
+        a.finish([(&items[..], &part.out[..])], &mut out, &mut Vec::new());
         out
     }
 

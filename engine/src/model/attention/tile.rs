@@ -1,6 +1,6 @@
 //! One work item of attention — up to [`TOKENS`] consecutive tokens of one sequence through one
-//! kv head, over one segment of [`SEGMENT`] positions — over the paged cache, [`TILE`] positions at a time with a running (online)
-//! softmax, as flash attention does: no row of scores as long as the context is ever held, and
+//! kv head, over one segment of [`SEGMENT`] positions — over the paged cache, [`TILE`]
+//! positions at a time with a running (online) softmax, as flash attention does: no row of scores as long as the context is ever held, and
 //! each tile's key and value rows are read (and widened) once for every query row of the item.
 //!
 //! The result of a query row depends only on its query, its positions and the cache, never on
@@ -50,6 +50,8 @@ pub(super) struct State {
     rows: Vec<(usize, usize)>,
     /// The same for the next tile.
     next: Vec<(usize, usize)>,
+    /// Each token's positions in the item's segment.
+    spans: Vec<Range<usize>>,
     /// Per query row: the tile's scores, then its weights (`TILE` each).
     p: Vec<f32>,
     /// Per query row: the largest score so far.
@@ -62,7 +64,7 @@ pub(super) struct State {
 
 /// Computes the item of `tokens` (consecutive batch tokens of one sequence, at consecutive
 /// positions) through kv head `g` over the positions in `seg` into `out`: for each token's
-/// `group` query rows in order, a [`partial`] row of `head_dim + 2` — the weighted sum of value
+/// `group` query rows in order, a partial row of `head_dim + 2` (what [`merge`] folds) — the weighted sum of value
 /// rows, then the max score and the sum of weights it is relative to (−∞ and 0 for a row with
 /// no position in `seg`).
 pub(super) fn item<T: KvElem>(
@@ -83,13 +85,14 @@ pub(super) fn item<T: KvElem>(
     st.l.resize(rows, 0.0);
     st.acc.clear();
     st.acc.resize(rows * hd, 0.0);
-    let spans: Vec<Range<usize>> = (tokens.clone())
-        .map(|t| {
-            let r = a.positions(t);
-            let start = r.start.max(seg.start);
-            start..r.end.min(seg.end).max(start)
-        })
-        .collect();
+    // Each token's positions in the segment.
+    st.spans.clear();
+    st.spans.extend(tokens.clone().map(|t| {
+        let r = a.positions(t);
+        let start = r.start.max(seg.start);
+        start..r.end.min(seg.end).max(start)
+    }));
+    let spans = &st.spans;
     let lo = spans
         .iter()
         .filter(|r| !r.is_empty())
@@ -117,15 +120,7 @@ pub(super) fn item<T: KvElem>(
         std::mem::swap(&mut st.rows, &mut st.next);
         // The next tile's rows are on their way from memory while this one is computed.
         let next = tile_at(start + TILE);
-        kv_rows(
-            &a.layout,
-            slot,
-            a.layer,
-            g,
-            next.clone(),
-            pool_len,
-            &mut st.next,
-        );
+        kv_rows(&a.layout, slot, a.layer, g, next, pool_len, &mut st.next);
         kernel.prefetch(&st.next);
         // The loaded rows each token attends to in this tile (possibly none).
         let js = |k: usize| {
